@@ -1,0 +1,48 @@
+"""tmpi-adapters: data-parallel training for existing Theano models."""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'^__version__ = "([^"]+)"',
+                    (HERE / "tmpi_adapters" / "__init__.py").read_text(), re.M).group(1)
+
+setup(
+    name="tmpi-adapters",
+    version=VERSION,
+    description="Train existing Theano, Keras, Lasagne and Blocks models on many cores, "
+                "GPUs and machines without rewriting them",
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    python_requires=">=3.9",
+    packages=find_packages(include=["tmpi_adapters", "tmpi_adapters.*"]),
+    install_requires=[
+        # Theano 1.0.5 is the last Theano; it breaks on numpy >= 1.24 (np.bool & co.)
+        # and on scipy >= 1.12.
+        "theano==1.0.5",
+        "numpy>=1.21,<1.24",
+        "scipy<1.12",
+        "mpi4py>=4.0",
+        # The MPICH wheel gives every install a working mpiexec; Theano also
+        # imports mpi4py and fails without an MPI library.
+        "mpich",
+        # New-style wrapper hooks need pluggy >= 1.2.
+        "pluggy>=1.2,<2",
+        # scikit-learn's digits ship inside the wheel (demo and tests data);
+        # newer releases pull numpy >= 1.24.
+        "scikit-learn<1.4",
+    ],
+    extras_require={
+        "keras": ["keras==2.3.1", "h5py"],
+        "lasagne": ["lasagne==0.1"],
+        "test": ["pytest>=7"],
+    },
+    entry_points={"console_scripts": ["tmpi = tmpi_adapters.cli:run"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: System :: Distributed Computing",
+    ],
+)

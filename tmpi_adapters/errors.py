@@ -1,0 +1,33 @@
+"""Errors tmpi reports to the user as a paragraph, never as a deep traceback."""
+
+
+class TmpiError(Exception):
+    """A problem the user can fix; ``str(error)`` says what to do next.
+
+    The CLI prints it as ``tmpi: error: <message>`` and exits with
+    :attr:`exit_code`.
+    """
+
+    exit_code = 2
+
+
+class ConfigError(TmpiError):
+    """A bad option or configuration value."""
+
+
+class MismatchError(TmpiError):
+    """Ranks disagree about the model (parameter names, shapes, dtypes, order)."""
+
+    exit_code = 3
+
+
+class StallError(TmpiError):
+    """Ranks waited on a collective that others did not reach in time."""
+
+    exit_code = 4
+
+
+class NonFiniteError(TmpiError):
+    """NaN or Inf found in gradients or parameters at the exchange."""
+
+    exit_code = 5

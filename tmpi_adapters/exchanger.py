@@ -1,0 +1,190 @@
+"""The Exchanger: one interface for moving parameter and gradient buffers.
+
+Rules never talk to MPI directly; they call an :class:`Exchanger`.  Every
+method works on contiguous buffers (numpy arrays for the ``mpi`` exchanger,
+device arrays for GPU exchangers) and never pickles array data.  Where a
+method has to copy (packing many arrays into one fused buffer, or making a
+non-contiguous array contiguous) its docstring says so.
+
+Reductions
+----------
+``allreduce(arrays, op="mean", weight=w)`` computes, for every array ``a``,
+``sum_r(w_r * a_r) / sum_r(w_r)`` over ranks ``r`` in **one** collective per
+bucket: the weight travels as one extra element of the fused buffer.  With
+``weight=None`` the mean is ``sum_r(a_r) / size``; ``op="sum"`` is the plain sum.
+
+Transfer precision
+------------------
+``precision`` is ``None``/``"native"`` (each array travels in its own dtype),
+``"fp32"``, ``"fp16"`` or ``"bf16"``.  Reduced precisions halve the bytes on the
+wire; partial sums are always accumulated in float32 and results are returned
+in each array's own dtype.
+"""
+import abc
+
+import numpy as np
+
+PRECISIONS = ("native", "fp32", "fp16", "bf16")
+REDUCE_OPS = ("mean", "sum")
+
+#: Pass as ``source`` to :meth:`Exchanger.irecv`/:meth:`Exchanger.probe` to
+#: accept a message from any rank.
+ANY_SOURCE = -1
+#: Pass as ``tag`` to accept any tag.
+ANY_TAG = -1
+
+
+class Request(abc.ABC):
+    """A pending non-blocking operation."""
+
+    @abc.abstractmethod
+    def test(self):
+        """Return True once the operation has completed (never blocks)."""
+
+    @abc.abstractmethod
+    def wait(self, timeout=None):
+        """Block until done (raising :class:`~tmpi_adapters.errors.StallError`
+        after ``timeout`` seconds) and return the operation's result: for a
+        receive, ``(source, tag)``."""
+
+    @abc.abstractmethod
+    def cancel(self):
+        """Cancel a receive that has not matched yet."""
+
+
+def check_precision(precision):
+    precision = "native" if precision in (None, "") else str(precision).lower()
+    if precision not in PRECISIONS:
+        from .errors import ConfigError
+        raise ConfigError("unknown transfer precision %r; choose one of %s"
+                          % (precision, ", ".join(PRECISIONS)))
+    return precision
+
+
+def check_reduce_op(op):
+    if op not in REDUCE_OPS:
+        from .errors import ConfigError
+        raise ConfigError("unknown reduction %r; choose 'mean' or 'sum'" % (op,))
+    return op
+
+
+class Exchanger(abc.ABC):
+    """Moves buffers between the ``size`` ranks of one job.
+
+    Parameters
+    ----------
+    comm : object, optional
+        The communicator; the MPI exchanger takes an ``mpi4py`` communicator
+        (``MPI.COMM_WORLD`` by default).
+    precision : str
+        Default transfer precision of :meth:`allreduce` (see module doc).
+    bucket_bytes : int or None
+        Largest fused buffer one collective carries; ``None`` fuses everything
+        of one dtype into a single collective.
+    timeout : float or None
+        Seconds any wait may last before a
+        :class:`~tmpi_adapters.errors.StallError` is raised (``None``: forever).
+    """
+
+    #: The name users pass to ``--exchanger``.
+    name = None
+    #: Where the buffers it takes live: ``"host"`` or ``"device"``.
+    memory = "host"
+
+    def __init__(self, comm=None, precision=None, bucket_bytes=None, timeout=None):
+        self.precision = check_precision(precision)
+        self.bucket_bytes = bucket_bytes
+        self.timeout = timeout
+
+    rank = 0
+    size = 1
+
+    # -- collectives -----------------------------------------------------
+    @abc.abstractmethod
+    def allreduce(self, arrays, op="mean", weight=None, precision=None, out=None):
+        """Reduce many arrays across ranks in as few collectives as possible.
+
+        Parameters
+        ----------
+        arrays : sequence of arrays
+            Any shapes and float dtypes; the same list (shapes, dtypes, order)
+            on every rank.  They are packed into fused buffers (one copy in,
+            one copy out).
+        op : {"mean", "sum"}
+        weight : float, optional
+            This rank's weight in a weighted mean, usually its sample count.
+            A rank with weight 0 contributes nothing.
+        precision : str, optional
+            Overrides the exchanger's default transfer precision.
+        out : sequence of arrays, optional
+            Where to write results (may be ``arrays`` itself for in-place).
+
+        Returns
+        -------
+        list of arrays
+            The reduced arrays, each in its input's dtype and shape.
+        """
+
+    @abc.abstractmethod
+    def broadcast(self, arrays, root=0):
+        """Overwrite ``arrays`` on every rank with the root's values, in place.
+
+        Arrays must be writable and contiguous; the list is packed into one
+        fused buffer per dtype (one copy each way).  Returns ``arrays``.
+        """
+
+    @abc.abstractmethod
+    def allgather_rows(self, array):
+        """Concatenate every rank's ``array`` along axis 0 (rank order).
+
+        Row counts may differ between ranks; the other dimensions and the dtype
+        must agree.  Returns a new array.
+        """
+
+    @abc.abstractmethod
+    def allgather_object(self, obj):
+        """Gather a small picklable object (metadata, never arrays) from every rank."""
+
+    @abc.abstractmethod
+    def barrier(self, timeout=None):
+        """Wait until every rank has reached this point."""
+
+    # -- point to point --------------------------------------------------
+    @abc.abstractmethod
+    def send(self, array, dest, tag=0):
+        """Blocking send of one contiguous array (copied first if not contiguous)."""
+
+    @abc.abstractmethod
+    def recv(self, out, source=ANY_SOURCE, tag=ANY_TAG, timeout=None):
+        """Blocking receive into ``out``; returns ``(source, tag)``."""
+
+    @abc.abstractmethod
+    def isend(self, array, dest, tag=0):
+        """Non-blocking send; keep ``array`` unchanged until the returned
+        :class:`Request` completes."""
+
+    @abc.abstractmethod
+    def irecv(self, out, source=ANY_SOURCE, tag=ANY_TAG):
+        """Non-blocking receive into ``out``; returns a :class:`Request` whose
+        ``wait()`` gives ``(source, tag)``."""
+
+    @abc.abstractmethod
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG):
+        """``(source, tag)`` of a message ready to be received, or ``None``."""
+
+    # -- conveniences ----------------------------------------------------
+    def allreduce_scalars(self, values, op="mean", weight=None):
+        """Reduce a few Python floats (metrics) as one float64 collective."""
+        arr = np.asarray(values, dtype=np.float64).reshape(-1)
+        return [float(v) for v in self.allreduce([arr], op=op, weight=weight)[0]]
+
+    def close(self):
+        """Release communicators and buffers."""
+
+
+def pack_plan(arrays):
+    """Group array indices by dtype, keeping order: ``[(dtype, [i, ...]), ...]``."""
+    groups = {}
+    for i, a in enumerate(arrays):
+        groups.setdefault(np.dtype(a.dtype), []).append(i)
+    return list(groups.items())

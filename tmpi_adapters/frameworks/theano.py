@@ -1,0 +1,462 @@
+"""The plain-Theano adapter: distributes an unmodified script's training functions.
+
+While the script runs, two Theano entry points are hooked:
+
+``theano.grad``
+    gradients with respect to shared variables come back wrapped in a
+    :class:`~tmpi_adapters.ops.GradientMarker` (an identity).
+``theano.function``
+    a function whose updates use marked gradients is a *training function*.
+    Its markers are replaced by one :class:`~tmpi_adapters.ops.FusedAllreduce`
+    (gradient rules) or removed (parameter rules), and the compiled function
+    is returned wrapped in a :class:`DistributedFunction` that splits each
+    batch across ranks.  The shared variables it reads become a
+    :class:`~tmpi_adapters.protocol.ModelProtocol`: the ``wrt`` of the marked
+    gradients are the parameters, other updated variables are optimizer state
+    (updates that use gradients or nothing from the data) or model state
+    (updates computed from the data, like BatchNorm statistics).
+
+Batches are found in the call's arguments (numpy arrays sharing a first
+dimension) or, for scripts in the ``givens={x: data[i*B:(i+1)*B]}`` style, in
+the slices of shared datasets, which are rewritten to each rank's share.
+Functions without updates (validation, prediction) run unchanged on every
+rank: their results are identical everywhere.
+"""
+import inspect
+import itertools
+import sys
+
+import numpy as np
+
+from ..errors import TmpiError
+from ..pluginmanager import hookimpl
+from ..protocol import ModelProtocol
+from ..session import check_ranks_vs_rows
+from .base import FrameworkAdapter, imports_module
+
+_function_ids = itertools.count()
+
+
+def split_bounds(rows, rank, size):
+    """This rank's ``[lo, hi)`` of ``rows`` rows split in contiguous, balanced parts."""
+    return rows * rank // size, rows * (rank + 1) // size
+
+
+class _SlicedGiven:
+    """A ``givens`` value ``data[start:stop]`` rewritten to ``data[lo:hi]``."""
+
+    def __init__(self, value):
+        import theano
+        from theano.tensor.subtensor import Subtensor, get_idx_list
+        node = value.owner
+        if node is None or not isinstance(node.op, Subtensor):
+            raise ValueError("not a subtensor")
+        idx = get_idx_list(node.inputs, node.op.idx_list)
+        first = idx[0]
+        if not isinstance(first, slice) or first.step is not None or first.stop is None:
+            raise ValueError("not a plain slice on axis 0")
+        self.start = first.start if first.start is not None else 0
+        self.stop = first.stop
+        self.lo = theano.shared(np.int64(0), name="tmpi_lo")
+        self.hi = theano.shared(np.int64(0), name="tmpi_hi")
+        base = node.inputs[0]
+        self.value = base[(slice(self.lo, self.hi),) + tuple(idx[1:])]
+
+
+def _ancestors(variables):
+    from theano.gof.graph import ancestors
+    return ancestors([v for v in variables if v is not None])
+
+
+def _is_marker(variable):
+    from ..ops import GradientMarker
+    return variable.owner is not None and isinstance(variable.owner.op, GradientMarker)
+
+
+class TheanoAdapter(FrameworkAdapter):
+    """Hooks ``theano.grad`` and ``theano.function`` (see module docstring)."""
+
+    name = "theano"
+
+    def __init__(self, session):
+        super().__init__(session)
+        self.functions = []
+        self._original_grad = None
+        self._original_function = None
+
+    # -- installing -------------------------------------------------------------
+    def install(self):
+        import theano
+        import theano.gradient
+        import theano.tensor
+        self._original_grad = theano.gradient.grad
+        self._original_function = theano.function
+        self._signature = inspect.signature(self._original_function)
+        grad, function = self.grad, self.function
+        for owner in (theano, theano.gradient, theano.tensor):
+            self.patcher.patch(owner, "grad", grad)
+        self.patcher.patch(theano, "function", function)
+        self.patcher.patch(theano.compile, "function", function)
+        module = sys.modules.get("theano.compile.function")
+        if module is not None and getattr(module, "function", None) is self._original_function:
+            self.patcher.patch(module, "function", function)
+
+    def rebind(self, namespace):
+        swaps = {id(self._original_grad): self.grad, id(self._original_function): self.function}
+        for key, value in list(namespace.items()):
+            if id(value) in swaps:
+                namespace[key] = swaps[id(value)]
+
+    # -- theano.grad --------------------------------------------------------------
+    def grad(self, cost, wrt, *args, **kwargs):
+        """``theano.grad``, with gradients of shared variables marked."""
+        result = self._original_grad(cost, wrt, *args, **kwargs)
+        single = not isinstance(wrt, (list, tuple))
+        wrts = [wrt] if single else list(wrt)
+        grads = [result] if single else list(result)
+        marked = [self._mark(g, w) for g, w in zip(grads, wrts)]
+        if single:
+            return marked[0]
+        return tuple(marked) if isinstance(result, tuple) else marked
+
+    @staticmethod
+    def _mark(g, wrt):
+        from theano.compile.sharedvalue import SharedVariable
+        from theano.tensor import TensorVariable
+        from ..ops import GradientMarker
+        if (isinstance(wrt, SharedVariable) and isinstance(g, TensorVariable)
+                and g.dtype.startswith("float")):
+            return GradientMarker(wrt)(g)
+        return g
+
+    # -- theano.function ----------------------------------------------------------
+    def compile(self, *args, **kwargs):
+        """Compile with the original ``theano.function``, rank 0 first so ranks
+        find its results in the shared compile cache instead of waiting on its
+        lock."""
+        session = self.session
+        if session.size == 1 or session.options.compile_dirs != "shared":
+            return self._original_function(*args, **kwargs)
+        timeout = max(session.options.stall_timeout or 0, 1800.0)
+        if session.rank == 0:
+            result = self._original_function(*args, **kwargs)
+            session.exchanger.barrier(timeout=timeout)
+            return result
+        session.exchanger.barrier(timeout=timeout)
+        return self._original_function(*args, **kwargs)
+
+    def function(self, *args, **kwargs):
+        """``theano.function``; training functions come back distributed."""
+        import theano
+        self.session.functions_compiled += 1
+        bound = self._signature.bind(*args, **kwargs)
+        params = bound.arguments
+        outputs = params.get("outputs")
+        updates = params.get("updates")
+        update_pairs = list(updates.items()) if hasattr(updates, "items") else list(updates or [])
+        output_list, rebuild_outputs = _normalize_outputs(outputs)
+        graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
+        graph += [expr for _, expr in update_pairs]
+        markers = sorted({v.owner for v in _ancestors(graph) if _is_marker(v)},
+                         key=lambda node: node.op.index)
+        if not markers:
+            return self.compile(*args, **kwargs)
+        updated = [var for var, _ in update_pairs]
+        params_of = []
+        for node in markers:
+            wrt = node.op.wrt
+            if any(wrt is u for u in updated) and not any(wrt is p for p in params_of):
+                params_of.append(wrt)
+        if not params_of:
+            # Gradients used for something other than training (a norm to
+            # monitor, a saliency map): plain values, no exchange.
+            replace = {node.outputs[0]: node.inputs[0] for node in markers}
+            return self.compile(*self._rebuilt(bound, output_list, rebuild_outputs,
+                                               update_pairs, replace, updates))
+        return self._training_function(bound, output_list, rebuild_outputs, update_pairs,
+                                       updates, markers, params_of)
+
+    def _rebuilt(self, bound, output_list, rebuild_outputs, update_pairs, replace, updates,
+                 givens=None):
+        import theano
+        graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
+        graph += [expr for _, expr in update_pairs]
+        cloned = theano.clone(graph, replace=replace) if graph else []
+        new_outputs = []
+        for o, c in zip(output_list, cloned[:len(output_list)]):
+            new_outputs.append(theano.Out(c, borrow=o.borrow) if isinstance(o, theano.Out) else c)
+        new_updates = [(var, expr) for (var, _), expr in
+                       zip(update_pairs, cloned[len(output_list):])]
+        if hasattr(updates, "items"):
+            from collections import OrderedDict
+            new_updates = OrderedDict(new_updates)
+        arguments = dict(bound.arguments)
+        arguments["outputs"] = rebuild_outputs(new_outputs)
+        if "updates" in arguments:
+            arguments["updates"] = new_updates
+        if givens is not None:
+            arguments["givens"] = givens
+        inputs = arguments.pop("inputs")
+        return (inputs,), arguments
+
+    def _training_function(self, bound, output_list, rebuild_outputs, update_pairs, updates,
+                           markers, params):
+        from ..ops import FusedAllreduce
+        session = self.session
+        arguments = bound.arguments
+        index = next(_function_ids)
+        key = "%s#%d" % (arguments.get("name") or "train_fn", index)
+
+        if session.rule.exchanges == "gradients":
+            fused = FusedAllreduce(key, len(markers))(*[node.inputs[0] for node in markers])
+            fused = fused if isinstance(fused, (list, tuple)) else [fused]
+            replace = {node.outputs[0]: out for node, out in zip(markers, fused)}
+        else:
+            replace = {node.outputs[0]: node.inputs[0] for node in markers}
+
+        inputs = list(arguments.get("inputs") or [])
+        data = set(_input_variables(inputs))
+        givens = arguments.get("givens")
+        given_pairs = list(givens.items()) if hasattr(givens, "items") else list(givens or [])
+        data.update(var for var, _ in given_pairs)
+        optimizer_state, model_state = [], []
+        marker_outputs = {node.outputs[0] for node in markers}
+        for var, expr in update_pairs:
+            if any(var is p for p in params):
+                continue
+            above = set(_ancestors([expr]))
+            if above & marker_outputs or not (above & data):
+                optimizer_state.append(var)
+            else:
+                model_state.append(var)
+
+        sliced, new_givens = [], None
+        if given_pairs and session.options.scaling == "strong":
+            new_pairs = []
+            for var, value in given_pairs:
+                try:
+                    s = _SlicedGiven(value)
+                except ValueError:
+                    new_pairs.append((var, value))
+                    continue
+                sliced.append(s)
+                new_pairs.append((var, s.value))
+            if sliced:
+                new_givens = type(givens)(new_pairs) if hasattr(givens, "items") else new_pairs
+        compile_args, compile_kwargs = self._rebuilt(bound, output_list, rebuild_outputs,
+                                                     update_pairs, replace, updates, new_givens)
+        compiled = self.compile(*compile_args, **compile_kwargs)
+        bounds_fn = None
+        if sliced:
+            bounds_fn = self._original_function(
+                inputs, [v for s in sliced for v in (s.start, s.stop)],
+                on_unused_input="ignore", allow_input_downcast=True)
+        model = ModelProtocol(params, optimizer_state, model_state, name=key)
+        function = DistributedFunction(self, compiled, model, sliced, bounds_fn,
+                                       single_output=rebuild_outputs.single)
+        model.train_fn = function
+        session.register_model(model)
+        self.functions.append(function)
+        return function
+
+    # -- end of run ---------------------------------------------------------------
+    def flush(self):
+        for function in self.functions:
+            function.flush()
+
+    def check_finished(self):
+        if not self.functions:
+            raise TmpiError(
+                "the script compiled %d Theano function(s) but no training function: tmpi "
+                "distributes a theano.function whose updates use gradients from theano.grad "
+                "with respect to shared variables (the trainable parameters). Check that the "
+                "script builds its updates from theano.grad (or a framework optimizer) and "
+                "that --framework matches the script."
+                % self.session.functions_compiled)
+
+
+def _input_variables(inputs):
+    from theano.compile.io import In
+    for i in inputs:
+        yield i.variable if isinstance(i, In) else i
+
+
+def _normalize_outputs(outputs):
+    """``(list_of_outputs, rebuild)`` where ``rebuild(list)`` restores the shape
+    theano.function was given (None, a single variable, or a list)."""
+    if outputs is None:
+        def rebuild(new):
+            return None
+        rebuild.single = False
+        return [], rebuild
+    if isinstance(outputs, (list, tuple)):
+        kind = type(outputs)
+
+        def rebuild(new):
+            return kind(new)
+        rebuild.single = False
+        return list(outputs), rebuild
+
+    def rebuild(new):
+        return new[0]
+    rebuild.single = True
+    return [outputs], rebuild
+
+
+class DistributedFunction:
+    """A training function compiled for one rank: splits batches, exchanges, steps.
+
+    Calls look exactly like calls of the Theano function it wraps; other
+    attributes are forwarded to it.
+
+    Strong scaling (default): every array argument whose first dimension is the
+    batch's is cut to this rank's contiguous share (or, in the ``givens``
+    style, the dataset slice is); the step's gradients are averaged weighted
+    by rows, so the result is the one-process result.  Returned scalars are
+    averaged the same way; returned arrays with one row per sample are
+    concatenated.
+
+    Weak scaling (``--scaling weak``): the first call is split as above; after
+    it, each group of N consecutive calls is one step in which rank r trains on
+    the r-th call's whole batch (a global batch of N*B).  Calls that only hand
+    a rank its batch return the latest step's results.
+    """
+
+    def __init__(self, adapter, compiled, model, sliced, bounds_fn, single_output):
+        self.adapter = adapter
+        self.session = adapter.session
+        self.fn = compiled
+        self.model = model
+        self.sliced = sliced
+        self.bounds_fn = bounds_fn
+        self.single_output = single_output
+        self.calls = 0
+        self._kinds = None
+        self._stash = None
+        self._latest = None
+        self._last_outputs = None
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+    def __repr__(self):
+        return "<tmpi DistributedFunction %s of %r>" % (self.model.name, self.fn)
+
+    # -- batches --------------------------------------------------------------------
+    def _rows(self, args, kwargs):
+        """Global batch rows of a call (``None`` when no batch is found)."""
+        if self.sliced:
+            bounds = [int(b) for b in self.bounds_fn(*args, **kwargs)]
+            lengths = {stop - start for start, stop in zip(bounds[::2], bounds[1::2])}
+            if len(lengths) != 1:
+                return None, bounds
+            return lengths.pop(), bounds
+        leading = [np.shape(a)[0] for a in itertools.chain(args, kwargs.values())
+                   if isinstance(a, np.ndarray) and a.ndim >= 1]
+        if not leading:
+            return None, None
+        values, counts = np.unique(leading, return_counts=True)
+        return int(values[np.argmax(counts)]), None
+
+    def _local_call(self, args, kwargs, rows, bounds, lo, hi):
+        """Arguments that make the compiled function see rows ``[lo, hi)``."""
+        if self.sliced:
+            for s, start in zip(self.sliced, bounds[::2]):
+                s.lo.set_value(np.int64(start + lo))
+                s.hi.set_value(np.int64(start + hi))
+            return args, kwargs
+
+        def cut(a):
+            if isinstance(a, np.ndarray) and a.ndim >= 1 and a.shape[0] == rows:
+                return a[lo:hi]
+            return a
+        return [cut(a) for a in args], {k: cut(v) for k, v in kwargs.items()}
+
+    # -- calling ------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        session = self.session
+        self.calls += 1
+        if session.options.scaling == "weak" and self.calls > 1:
+            return self._weak_call(args, kwargs)
+        rows, bounds = self._rows(args, kwargs)
+        if rows is None or session.size == 1:
+            return self._step(args, kwargs, weight=rows or 1, rows=rows)
+        if self.calls == 1:
+            check_ranks_vs_rows(rows, session.size, self.model.name)
+        lo, hi = split_bounds(rows, session.rank, session.size)
+        weight = hi - lo
+        if weight == 0:  # a short last batch: run one padding row that counts for nothing
+            lo, hi = 0, 1
+        local_args, local_kwargs = self._local_call(args, kwargs, rows, bounds, lo, hi)
+        return self._step(local_args, local_kwargs, weight=weight, rows=hi - lo)
+
+    def _step(self, args, kwargs, weight, rows):
+        session = self.session
+        session.begin_step(self.model, weight)
+        outputs = self.fn(*args, **kwargs)
+        values = [outputs] if self.single_output else list(outputs or [])
+        if values and session.size > 1:
+            if self._kinds is None:
+                self._kinds = session.output_kinds(values, rows)
+            values = session.reduce_outputs(values, weight, self._kinds)
+        session.end_step(self.model, weight)
+        if self.single_output:
+            result = values[0]
+        elif isinstance(outputs, tuple):
+            result = tuple(values)
+        else:
+            result = values if outputs is not None else outputs
+        self._last_outputs = result
+        return result
+
+    def _weak_call(self, args, kwargs):
+        size, rank = self.session.size, self.session.rank
+        position = (self.calls - 2) % size
+        self._latest = (args, kwargs)
+        if position == rank:
+            self._stash = _hold(args, kwargs)
+        if position < size - 1:
+            return self._last_outputs
+        return self._run_stash()
+
+    def _run_stash(self):
+        if self._stash is not None:
+            args, kwargs = self._stash
+            weight = None
+        else:
+            args, kwargs = self._latest
+            weight = 0
+        rows, bounds = self._rows(args, kwargs)
+        rows = rows or 1
+        if self.sliced:
+            self._local_call(args, kwargs, rows, bounds, 0, rows)
+        self._stash = None
+        return self._step(args, kwargs, weight=rows if weight is None else 0, rows=rows)
+
+    def flush(self):
+        """Run a weak-scaling group that the script's loop left incomplete."""
+        if self.session.options.scaling != "weak" or self.calls <= 1:
+            return
+        if (self.calls - 2) % self.session.size != self.session.size - 1:
+            self._run_stash()
+
+
+def _hold(args, kwargs):
+    """Copy array arguments a script might overwrite before the step runs."""
+    def keep(a):
+        return a.copy() if isinstance(a, np.ndarray) else a
+    return [keep(a) for a in args], {k: keep(v) for k, v in kwargs.items()}
+
+
+# -- plugin hooks ------------------------------------------------------------------
+
+@hookimpl
+def tmpi_frameworks():
+    return {"theano": TheanoAdapter}
+
+
+@hookimpl(trylast=True)
+def tmpi_detect_framework(source, path):
+    if imports_module(source, "theano"):
+        return "theano"
+    return None

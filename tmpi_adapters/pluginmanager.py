@@ -1,0 +1,126 @@
+"""The one plugin manager: built-ins first, then the ``tmpi`` entry points.
+
+Environment variables:
+
+``TMPI_DISABLE_PLUGIN_AUTOLOAD=1``
+    load only the built-in plugins, none from installed distributions.
+``TMPI_TRACE_HOOKS=1``
+    print every hook call and its result to stderr.
+"""
+import importlib
+import os
+import sys
+
+import pluggy
+
+from . import hookspecs
+from .errors import TmpiError
+
+hookimpl = pluggy.HookimplMarker("tmpi")
+
+#: Modules registered before any entry point, in this order.
+BUILTIN_PLUGINS = (
+    "tmpi_adapters.exchangers.mpi",
+    "tmpi_adapters.rules.bsp",
+    "tmpi_adapters.frameworks.theano",
+    "tmpi_adapters.known",
+)
+
+AUTOLOAD_ENV = "TMPI_DISABLE_PLUGIN_AUTOLOAD"
+TRACE_ENV = "TMPI_TRACE_HOOKS"
+
+_manager = None
+
+
+def _truthy(value):
+    return str(value).strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def make_plugin_manager(autoload=None, trace=None):
+    """Build a fresh manager: specs, built-ins, entry points, then ``check_pending``."""
+    pm = pluggy.PluginManager("tmpi")
+    pm.add_hookspecs(hookspecs)
+    for name in BUILTIN_PLUGINS:
+        pm.register(importlib.import_module(name), name=name)
+    if autoload is None:
+        autoload = not _truthy(os.environ.get(AUTOLOAD_ENV, ""))
+    if autoload:
+        pm.load_setuptools_entrypoints("tmpi")
+    pm.check_pending()
+    if trace is None:
+        trace = _truthy(os.environ.get(TRACE_ENV, ""))
+    if trace:
+        pm.trace.root.setwriter(sys.stderr.write)
+        pm.enable_tracing()
+    return pm
+
+
+def get_plugin_manager():
+    """The process-wide manager, built on first use."""
+    global _manager
+    if _manager is None:
+        _manager = make_plugin_manager()
+    return _manager
+
+
+def _collect(hook_results):
+    merged = {}
+    for result in hook_results:
+        merged.update(result or {})
+    return merged
+
+
+def available(kind, pm=None):
+    """``{name: class}`` of every installed rule, exchanger or framework.
+
+    ``kind`` is ``"rules"``, ``"exchangers"`` or ``"frameworks"``.
+    """
+    pm = pm or get_plugin_manager()
+    return _collect(getattr(pm.hook, "tmpi_" + kind)())
+
+
+def lookup(kind, name, pm=None):
+    """The class registered as ``name`` of ``kind``; a clear error otherwise."""
+    pm = pm or get_plugin_manager()
+    found = available(kind, pm)
+    if name in found:
+        return found[name]
+    singular = {"rules": "rule", "exchangers": "exchanger", "frameworks": "framework"}[kind]
+    installed = ", ".join(sorted(found)) or "none"
+    hint = _collect(pm.hook.tmpi_known_plugins()).get(name)
+    message = "unknown %s %r. Installed %ss: %s." % (singular, name, singular, installed)
+    if hint:
+        message += " %r is provided by a separate distribution: %s" % (name, hint)
+    else:
+        message += " Run `tmpi plugins` to see what is installed."
+    raise TmpiError(message)
+
+
+def describe_plugins(pm=None):
+    """One dict per registered plugin: name, version, distribution, hooks."""
+    pm = pm or get_plugin_manager()
+    from . import __version__
+    dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
+    rows = []
+    for name, plugin in pm.list_name_plugin():
+        if plugin is None:
+            continue
+        dist = dists.get(id(plugin))
+        hooks = sorted(caller.name for caller in pm.get_hookcallers(plugin) or [])
+        rows.append({
+            "name": name,
+            "distribution": dist.project_name if dist else "tmpi-adapters (built-in)",
+            "version": dist.version if dist else __version__,
+            "hooks": hooks,
+            "provides": _provides(plugin),
+        })
+    return rows
+
+
+def _provides(plugin):
+    provided = []
+    for kind in ("rules", "exchangers", "frameworks"):
+        impl = getattr(plugin, "tmpi_" + kind, None)
+        if impl is not None:
+            provided += ["%s:%s" % (kind[:-1], name) for name in sorted(impl() or {})]
+    return provided

@@ -1,0 +1,46 @@
+"""BSP: bulk-synchronous parallel SGD, exact in its default form.
+
+``mode=grad`` (default): one fused allreduce of the gradients inside the
+compiled graph per step, weighted by each rank's rows, so N ranks take exactly
+the step one rank would take on the whole batch.  ``mode=avg``: every rank steps
+on its own gradients and parameters are averaged every ``period`` steps
+(Theano-MPI's ``avg``).
+"""
+from ..options import Knob, one_of, positive
+from ..pluginmanager import hookimpl
+from . import Rule
+
+
+class BSP(Rule):
+    name = "bsp"
+    knobs = {
+        "mode": Knob(str, "grad", "grad: exchange gradients each step (exact); "
+                                  "avg: average parameters between steps",
+                     one_of("grad", "avg")),
+        "period": Knob(int, 1, "avg mode: average parameters every this many steps", positive),
+    }
+
+    def __init__(self, session, **options):
+        super().__init__(session, **options)
+        self.exchanges = "gradients" if self.mode == "grad" else "parameters"
+
+    def reduce_gradients(self, grads, weight):
+        if self.session.options.loss_reduction == "sum":
+            return self.exchanger.allreduce(grads, op="sum")
+        return self.exchanger.allreduce(grads, op="mean", weight=weight)
+
+    def after_step(self, model, samples):
+        if self.mode == "avg" and model.step % self.period == 0:
+            self.average(model.params + model.model_state, weight=samples)
+        elif model.model_state:
+            # BatchNorm-style statistics come from each rank's own rows.
+            self.average(model.model_state, weight=samples)
+
+    def finish(self, model):
+        if self.mode == "avg" and model.step % self.period != 0:
+            self.average(model.params + model.model_state)
+
+
+@hookimpl
+def tmpi_rules():
+    return {"bsp": BSP}

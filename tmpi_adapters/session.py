@@ -1,0 +1,264 @@
+"""The per-rank session: exchanger, rule, framework adapter and models of one run."""
+import os
+import random
+import sys
+import time
+
+import numpy as np
+
+from . import compat
+from .errors import ConfigError, TmpiError
+from .options import Options
+from .pluginmanager import get_plugin_manager, lookup
+from .protocol import check_signatures, read_values, write_values
+from .recorder import Recorder
+
+_current = None
+
+
+def current_session():
+    """The running :class:`Session`; a clear error outside ``tmpi wrap``/``distributed``."""
+    if _current is None:
+        raise TmpiError("no tmpi session is running in this process. Start the script with "
+                        "`tmpi wrap` or decorate its entry point with "
+                        "@tmpi_adapters.distributed(...).")
+    return _current
+
+
+def active_session():
+    """The running session or ``None``."""
+    return _current
+
+
+def _comm_world():
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+class Session:
+    """Everything one rank needs during a distributed run.
+
+    Parameters
+    ----------
+    options : tmpi_adapters.options.Options
+    comm : mpi4py communicator, optional
+        ``MPI.COMM_WORLD`` by default.
+    """
+
+    def __init__(self, options=None, comm=None, script=None):
+        compat.apply()
+        self.options = (options or Options()).validate()
+        self.pm = get_plugin_manager()
+        self.comm = comm if comm is not None else _comm_world()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.script = script
+        self.models = []
+        self.recorder = Recorder(self)
+        self.started = False
+        self._weight = None
+        self._exchange_seconds = 0.0
+        self.functions_compiled = 0
+
+        exchanger_name = self.options.exchanger or self.pm.hook.tmpi_select_exchanger(
+            session=self)
+        exchanger_cls = lookup("exchangers", exchanger_name, self.pm)
+        self.exchanger = exchanger_cls(self.comm, precision=self.options.precision,
+                                       bucket_bytes=self.options.bucket_bytes,
+                                       timeout=self.options.stall_timeout)
+        rule_cls = lookup("rules", self.options.rule, self.pm)
+        self.rule = rule_cls(self, **self.options.rule_options)
+        framework = self.options.framework or "theano"
+        self.adapter = lookup("frameworks", framework, self.pm)(self)
+
+    # -- lifecycle --------------------------------------------------------------
+    def start(self):
+        """Seed every rank alike, hook the framework, announce the session."""
+        global _current
+        if _current is not None and _current is not self:
+            raise TmpiError("a tmpi session is already running in this process")
+        _current = self
+        self._seed()
+        self.adapter.install()
+        self.started = True
+        self.pm.hook.tmpi_session_start(session=self)
+        return self
+
+    def finish(self, error=None):
+        """Let rules finish, report the time split, unhook the framework."""
+        global _current
+        try:
+            if error is None:
+                self.adapter.flush()
+                for model in self.models:
+                    if model.step > 0:
+                        self.rule.finish(model)
+                self.adapter.check_finished()
+                self.report()
+            self.pm.hook.tmpi_session_end(session=self, error=error)
+        finally:
+            self.adapter.uninstall()
+            self.exchanger.close()
+            self.started = False
+            if _current is self:
+                _current = None
+
+    def report(self):
+        summary = self.recorder.summary()
+        if summary and self.options.summary:
+            self.print(self.recorder.format_summary(summary))
+        return summary
+
+    def _seed(self):
+        seed = self.options.seed
+        if seed is None:
+            seed = random.SystemRandom().randrange(2 ** 31) if self.rank == 0 else None
+            seed = self.comm.bcast(seed, root=0) if self.size > 1 else seed
+        self.seed = seed
+        random.seed(seed)
+        np.random.seed(seed % (2 ** 32))
+
+    # -- output -------------------------------------------------------------------
+    def print(self, *args, **kwargs):
+        """``print`` on rank 0 only (to the real stdout)."""
+        if self.rank == 0:
+            kwargs.setdefault("flush", True)
+            print(*args, **kwargs)
+
+    # -- models ---------------------------------------------------------------------
+    def register_model(self, model):
+        self.models.append(model)
+        return model
+
+    def synchronize(self, model):
+        """Identical start: check the model's signature on every rank, then
+        broadcast parameters and optimizer/model state from rank 0."""
+        signatures = self.exchanger.allgather_object(model.signature())
+        check_signatures(signatures)
+        variables = model.state_variables
+        arrays = [np.array(a, copy=True, order="C") for a in read_values(variables)]
+        self.exchanger.broadcast(arrays, root=0)
+        write_values(variables, arrays)
+        model.synchronized = True
+        self.rule.start(model)
+        self.pm.hook.tmpi_model_ready(session=self, model=model)
+
+    # -- steps ----------------------------------------------------------------------
+    def begin_step(self, model, weight):
+        """Called just before a training step runs ``weight`` rows on this rank."""
+        if not model.synchronized:
+            self.synchronize(model)
+        self._weight = weight
+        self.recorder.begin_step()
+
+    def end_step(self, model, samples):
+        model.step += 1
+        start = time.perf_counter()
+        self.rule.after_step(model, samples)
+        self.recorder.add_exchange(time.perf_counter() - start)
+        self.recorder.end_step(samples)
+        self._weight = None
+        self.pm.hook.tmpi_after_step(session=self, model=model, step=model.step,
+                                     samples=samples)
+
+    def gradient_scale(self, model=None):
+        """Weak scaling's linear learning-rate scaling, as a gradient multiplier."""
+        if self.options.scaling != "weak" or not self.options.lr_scaling or self.size == 1:
+            return 1.0
+        warmup = self.options.warmup_steps
+        step = (model.step if model is not None else 0) + 1
+        progress = 1.0 if warmup <= 0 else min(1.0, step / float(warmup))
+        return 1.0 + (self.size - 1) * progress
+
+    def exchange_gradients(self, grads, out=None, key=None):
+        """Called by the in-graph :class:`~tmpi_adapters.ops.FusedAllreduce`."""
+        start = time.perf_counter()
+        results = self.rule.reduce_gradients(grads, self._weight)
+        scale = self.gradient_scale(self._current_model(key))
+        if scale != 1.0:
+            results = [r * r.dtype.type(scale) for r in results]
+        self.recorder.add_exchange(time.perf_counter() - start)
+        return results
+
+    def _current_model(self, key):
+        for model in self.models:
+            if model.name == key:
+                return model
+        return None
+
+    def output_kinds(self, values, rows):
+        """Decide once, identically on every rank, how each returned value combines:
+        ``"mean"`` (weighted by rows) or ``"rows"`` (concatenated in rank order)."""
+        local = [np.ndim(v) >= 1 and np.shape(v)[0] == rows for v in values]
+        votes = self.exchanger.allgather_object(local) if self.size > 1 else [local]
+        return ["rows" if all(v[i] for v in votes) else "mean" for i in range(len(values))]
+
+    def reduce_outputs(self, values, weight, kinds):
+        """Combine a training step's returned values across ranks.
+
+        ``kinds`` comes from :meth:`output_kinds`.  ``"mean"`` values are averaged
+        weighted by rows (summed with ``loss_reduction=sum``), all in one
+        collective; ``"rows"`` values are concatenated in rank order (a rank
+        running padding rows with weight 0 contributes none).
+        """
+        if self.size == 1:
+            return values
+        op = "sum" if self.options.loss_reduction == "sum" else "mean"
+        w = None if op == "sum" else weight
+        result = list(values)
+        means = [i for i, k in enumerate(kinds) if k == "mean"]
+        if means:
+            arrays = [np.asarray(values[i]) for i in means]
+            floats = [np.asarray(a, dtype=np.float64) for a in arrays]
+            reduced = self.exchanger.allreduce(floats, op=op, weight=w)
+            for i, a, r in zip(means, arrays, reduced):
+                result[i] = r.astype(a.dtype)[()] if a.dtype.kind in "fc" else r[()]
+        for i, kind in enumerate(kinds):
+            if kind == "rows":
+                result[i] = self.exchanger.allgather_rows(np.asarray(values[i])[:int(weight)])
+        return result
+
+
+def make_session(options=None, script=None):
+    """Build and start a session in this process (used by the bootstrap and the decorator)."""
+    session = Session(options, script=script)
+    return session.start()
+
+
+def check_ranks_vs_rows(rows, size, name):
+    if rows < size:
+        raise ConfigError(
+            "%s was called with a batch of %d rows on %d ranks: each rank needs at least one "
+            "row. Use fewer ranks (-n %d) or a larger batch, or --scaling weak so that each "
+            "rank takes whole batches." % (name, rows, size, max(rows, 1)))
+
+
+def rank_prefix_stream(stream, rank):
+    """Wrap a text stream so every line starts with ``[rank N]``."""
+
+    class Prefixed:
+        def __init__(self):
+            self._at_line_start = True
+
+        def write(self, text):
+            out = []
+            for piece in text.splitlines(True):
+                if self._at_line_start:
+                    out.append("[rank %d] " % rank)
+                out.append(piece)
+                self._at_line_start = piece.endswith("\n")
+            stream.write("".join(out))
+            return len(text)
+
+        def __getattr__(self, name):
+            return getattr(stream, name)
+
+    return Prefixed()
+
+
+def silence_stdout():
+    """Send this process's stdout (Python and C level) to /dev/null."""
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)

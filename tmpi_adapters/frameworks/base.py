@@ -1,5 +1,6 @@
 """What every framework adapter is: something that hooks a framework while a
 user's script runs, and hands tmpi :class:`~tmpi_adapters.protocol.ModelProtocol` s."""
+import ast
 import re
 
 
@@ -21,11 +22,28 @@ class Patcher:
             setattr(owner, name, original)
 
 
+def imported_modules(source):
+    """Every module name a script imports (``a.b`` gives ``a`` and ``a.b``)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set(re.findall(r"^\s*(?:import|from)\s+([\w.]+)", source, re.MULTILINE))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    expanded = set()
+    for name in names:
+        parts = name.split(".")
+        expanded.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return expanded
+
+
 def imports_module(source, module):
-    """True when ``source`` has ``import module`` or ``from module ... import``."""
-    pattern = r"^\s*(?:import\s+%s\b|from\s+%s(?:\.\w+)*\s+import\b)" % (
-        re.escape(module), re.escape(module))
-    return re.search(pattern, source, re.MULTILINE) is not None
+    """True when ``source`` imports ``module`` (or something inside it)."""
+    return module in imported_modules(source)
 
 
 class FrameworkAdapter:

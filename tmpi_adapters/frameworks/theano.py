@@ -57,6 +57,7 @@ class _SlicedGiven:
             raise ValueError("not a plain slice on axis 0")
         self.start = first.start if first.start is not None else 0
         self.stop = first.stop
+        self.length = node.inputs[0].shape[0]
         self.lo = theano.shared(np.int64(0), name="tmpi_lo")
         self.hi = theano.shared(np.int64(0), name="tmpi_hi")
         base = node.inputs[0]
@@ -245,11 +246,14 @@ class TheanoAdapter(FrameworkAdapter):
                 new_givens = type(givens)(new_pairs) if hasattr(givens, "items") else new_pairs
         compile_args, compile_kwargs = self._rebuilt(bound, output_list, rebuild_outputs,
                                                      update_pairs, replace, updates, new_givens)
+        if sliced and compile_kwargs.get("on_unused_input") is None:
+            # The batch index now only feeds the slice bounds computed outside.
+            compile_kwargs["on_unused_input"] = "ignore"
         compiled = self.compile(*compile_args, **compile_kwargs)
         bounds_fn = None
         if sliced:
             bounds_fn = self._original_function(
-                inputs, [v for s in sliced for v in (s.start, s.stop)],
+                inputs, [v for s in sliced for v in (s.start, s.stop, s.length)],
                 on_unused_input="ignore", allow_input_downcast=True)
         model = ModelProtocol(params, optimizer_state, model_state, name=key)
         function = DistributedFunction(self, compiled, model, sliced, bounds_fn,
@@ -346,10 +350,17 @@ class DistributedFunction:
     def _rows(self, args, kwargs):
         """Global batch rows of a call (``None`` when no batch is found)."""
         if self.sliced:
-            bounds = [int(b) for b in self.bounds_fn(*args, **kwargs)]
+            raw = [int(b) for b in self.bounds_fn(*args, **kwargs)]
+            # Python slice semantics: negative and past-the-end bounds clip.
+            bounds = []
+            for start, stop, length in zip(raw[::3], raw[1::3], raw[2::3]):
+                start, stop, _ = slice(start, stop).indices(length)
+                bounds += [start, max(start, stop)]
             lengths = {stop - start for start, stop in zip(bounds[::2], bounds[1::2])}
             if len(lengths) != 1:
-                return None, bounds
+                raise TmpiError(
+                    "%s slices its givens to different lengths %s in one call; tmpi cannot "
+                    "split such a batch across ranks." % (self.model.name, sorted(lengths)))
             return lengths.pop(), bounds
         leading = [np.shape(a)[0] for a in itertools.chain(args, kwargs.values())
                    if isinstance(a, np.ndarray) and a.ndim >= 1]
@@ -380,6 +391,8 @@ class DistributedFunction:
             return self._weak_call(args, kwargs)
         rows, bounds = self._rows(args, kwargs)
         if rows is None or session.size == 1:
+            if self.sliced:
+                self._local_call(args, kwargs, rows, bounds, 0, rows)
             return self._step(args, kwargs, weight=rows or 1, rows=rows)
         if self.calls == 1:
             check_ranks_vs_rows(rows, session.size, self.model.name)

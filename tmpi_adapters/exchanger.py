@@ -99,6 +99,15 @@ class Exchanger(abc.ABC):
     rank = 0
     size = 1
 
+    @classmethod
+    def unavailable_reason(cls):
+        """Why this exchanger cannot run on this machine (``None`` when it can).
+
+        GPU exchangers answer e.g. "CuPy is not installed" or "no CUDA GPU is
+        visible"; tests skip with this text and ``--exchanger`` errors show it.
+        """
+        return None
+
     # -- collectives -----------------------------------------------------
     @abc.abstractmethod
     def allreduce(self, arrays, op="mean", weight=None, precision=None, out=None):

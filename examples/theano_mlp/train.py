@@ -39,12 +39,14 @@ def main():
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=None,
-                        help="initialisation seed (default: numpy's global state)")
+                        help="seed numpy's global generator (initialisation and shuffling)")
     args = parser.parse_args()
 
     dtype = theano.config.floatX
     (x_train, y_train), (x_val, y_val) = load_data(dtype)
-    rng = np.random.RandomState(args.seed) if args.seed is not None else np.random
+    if args.seed is not None:
+        np.random.seed(args.seed)
+    rng = np.random
 
     x = T.matrix("x")
     y = T.ivector("y")

@@ -1,0 +1,142 @@
+"""The shared exchanger test-suite, run on every rank: ``exchanger_suite.py NAME``.
+
+Every registered exchanger must pass it.  Values are checked against sums
+computed by hand from what each rank contributes.  Rank 0 prints
+``exchanger suite OK`` when everything held.
+"""
+import sys
+
+import numpy as np
+
+import tmpi_adapters  # noqa: F401 - applies the shims
+from tmpi_adapters.exchanger import ANY_SOURCE
+from tmpi_adapters.pluginmanager import lookup
+
+
+def main(name):
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    exchanger = lookup("exchangers", name)(comm, timeout=60)
+    rank, size = exchanger.rank, exchanger.size
+    assert (rank, size) == (comm.rank, comm.size)
+    xp = np
+    if exchanger.memory == "device":
+        import cupy as xp  # noqa: F811
+
+    def host(a):
+        return a.get() if hasattr(a, "get") else np.asarray(a)
+
+    def contribution(r, shape, dtype, salt):
+        return (np.arange(np.prod(shape), dtype=np.float64).reshape(shape) * (r + 1)
+                + salt).astype(dtype)
+
+    shapes = [(3, 4), (5,), (), (2, 2, 2)]
+    for dtype in (np.float32, np.float64):
+        mine = [xp.asarray(contribution(rank, s, dtype, i)) for i, s in enumerate(shapes)]
+        every = [[contribution(r, s, np.float64, i) for i, s in enumerate(shapes)]
+                 for r in range(size)]
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+
+        total = exchanger.allreduce(mine, op="sum")
+        for i in range(len(shapes)):
+            expected = sum(every[r][i] for r in range(size))
+            np.testing.assert_allclose(host(total[i]), expected, rtol=tol)
+            assert host(total[i]).dtype == dtype and host(total[i]).shape == shapes[i]
+
+        mean = exchanger.allreduce(mine, op="mean")
+        for i in range(len(shapes)):
+            expected = sum(every[r][i] for r in range(size)) / size
+            np.testing.assert_allclose(host(mean[i]), expected, rtol=tol)
+
+        weights = [r + 2.0 for r in range(size)]
+        weighted = exchanger.allreduce(mine, op="mean", weight=weights[rank])
+        for i in range(len(shapes)):
+            expected = sum(weights[r] * every[r][i] for r in range(size)) / sum(weights)
+            np.testing.assert_allclose(host(weighted[i]), expected, rtol=tol)
+
+        # A rank with weight 0 contributes nothing, even NaN.
+        poisoned = [xp.asarray(np.full(s, np.nan, dtype)) if rank == size - 1 and size > 1
+                    else m for s, m in zip(shapes, mine)]
+        w = 0.0 if rank == size - 1 and size > 1 else 1.0
+        partial = exchanger.allreduce(poisoned, op="mean", weight=w)
+        live = [r for r in range(size) if not (r == size - 1 and size > 1)]
+        for i in range(len(shapes)):
+            expected = sum(every[r][i] for r in live) / len(live)
+            np.testing.assert_allclose(host(partial[i]), expected, rtol=tol)
+
+        # In-place output.
+        inplace = [m.copy() for m in mine]
+        exchanger.allreduce(inplace, op="sum", out=inplace)
+        np.testing.assert_allclose(host(inplace[0]), sum(every[r][0] for r in range(size)),
+                                   rtol=tol)
+
+        for precision, ptol in (("fp32", 1e-6), ("fp16", 2e-3), ("bf16", 1e-2)):
+            reduced = exchanger.allreduce(mine, op="mean", weight=weights[rank],
+                                          precision=precision)
+            for i in range(len(shapes)):
+                expected = sum(weights[r] * every[r][i] for r in range(size)) / sum(weights)
+                np.testing.assert_allclose(host(reduced[i]), expected, rtol=ptol,
+                                           atol=ptol * np.abs(expected).max())
+                assert host(reduced[i]).dtype == dtype
+
+    # Broadcast overwrites in place with the root's values.
+    for root in {0, size - 1}:
+        arrays = [xp.asarray(contribution(rank, s, np.float64, i)) for i, s in enumerate(shapes)]
+        arrays.append(xp.asarray(np.full((4,), rank, dtype=np.int32)))
+        result = exchanger.broadcast(arrays, root=root)
+        assert result is arrays
+        for i, s in enumerate(shapes):
+            np.testing.assert_array_equal(host(arrays[i]), contribution(root, s, np.float64, i))
+        np.testing.assert_array_equal(host(arrays[-1]), np.full((4,), root))
+
+    # Rows gathered in rank order, with different counts per rank.
+    rows = xp.asarray(np.full((rank + 1, 3), rank, dtype=np.float64))
+    gathered = host(exchanger.allgather_rows(rows))
+    expected = np.concatenate([np.full((r + 1, 3), r, dtype=np.float64) for r in range(size)])
+    np.testing.assert_array_equal(gathered, expected)
+
+    assert exchanger.allgather_object({"rank": rank}) == [{"rank": r} for r in range(size)]
+    exchanger.barrier()
+
+    if size > 1:
+        # Blocking ring.
+        out = xp.zeros(6, dtype=np.float64)
+        right, left = (rank + 1) % size, (rank - 1) % size
+        if rank % 2 == 0:
+            exchanger.send(xp.full(6, rank, dtype=np.float64), right, tag=3)
+            source, tag = exchanger.recv(out, left, tag=3)
+        else:
+            source, tag = exchanger.recv(out, left, tag=3)
+            exchanger.send(xp.full(6, rank, dtype=np.float64), right, tag=3)
+        assert (source, tag) == (left, 3)
+        np.testing.assert_array_equal(host(out), np.full(6, left))
+
+        # Non-blocking: everyone sends to rank 0, which receives from any source.
+        payload = xp.full(5, 10.0 * rank, dtype=np.float32)
+        request = exchanger.isend(payload, 0, tag=7) if rank != 0 else None
+        if rank == 0:
+            seen = set()
+            for _ in range(size - 1):
+                while exchanger.probe(ANY_SOURCE, 7) is None:
+                    pass
+                buf = xp.zeros(5, dtype=np.float32)
+                source, tag = exchanger.irecv(buf, ANY_SOURCE, 7).wait()
+                np.testing.assert_array_equal(host(buf), np.full(5, 10.0 * source))
+                seen.add(source)
+            assert seen == set(range(1, size)), seen
+        else:
+            request.wait()
+            assert request.test()
+        # An unmatched receive can be cancelled.
+        pending = exchanger.irecv(xp.zeros(1), ANY_SOURCE, 99)
+        assert not pending.test()
+        pending.cancel()
+        exchanger.barrier()
+
+    exchanger.close()
+    if rank == 0:
+        print("exchanger suite OK: %s on %d rank(s)" % (name, size), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "mpi")

@@ -1,0 +1,94 @@
+"""The tmpi command: plugins listing, clear errors, rank-0 output, the decorator."""
+import json
+import sys
+
+import pytest
+
+from conftest import EXAMPLES, SCRIPTS, assert_close, check, final_numbers, mpiexec, rank_env
+from conftest import run, tmpi
+
+MLP = EXAMPLES / "theano_mlp" / "train.py"
+
+
+def test_plugins_lists_builtins_with_versions_and_hooks():
+    result = check(tmpi("plugins"))
+    assert "rule:bsp" in result.stdout and "exchanger:mpi" in result.stdout
+    rows = json.loads(check(tmpi("plugins", "--json")).stdout)
+    by_name = {row["name"]: row for row in rows}
+    bsp = by_name["tmpi_adapters.rules.bsp"]
+    assert bsp["version"] and bsp["hooks"] == ["tmpi_rules"]
+    assert "tmpi_exchangers" in by_name["tmpi_adapters.exchangers.mpi"]["hooks"]
+
+
+def test_autoload_can_be_disabled_and_hooks_traced():
+    env = rank_env(TMPI_DISABLE_PLUGIN_AUTOLOAD="1", TMPI_TRACE_HOOKS="1")
+    result = tmpi("wrap", "--rule", "nope", MLP, env=env)
+    assert "tmpi_rules" in result.stderr  # the trace of hook calls
+    rows = json.loads(check(tmpi("plugins", "--json", env=rank_env(
+        TMPI_DISABLE_PLUGIN_AUTOLOAD="1"))).stdout)
+    assert all("built-in" in row["distribution"] for row in rows)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["wrap", "-n", "2", "missing.py"], "script 'missing.py' not found"),
+    (["wrap", "--framework", "caffe", str(MLP)], "unknown framework 'caffe'. Installed frameworks:"),
+    (["wrap", "--rule", "hogwild", str(MLP)], "unknown rule 'hogwild'. Installed rules: "),
+    (["wrap", "--exchanger", "smoke", str(MLP)], "unknown exchanger 'smoke'"),
+    (["wrap", "--rule-option", "tau=3", str(MLP)], "rule 'bsp' has no option 'tau'"),
+    (["wrap", "--rule-option", "period=0", str(MLP)], "period=0 must be > 0"),
+    (["wrap", "--bogus", str(MLP)], "unknown option --bogus"),
+    (["wrap", "--stall-timeout", "-1", str(MLP)], "--stall-timeout must be a positive"),
+    (["wrap", "-n", "2"], "no script given"),
+])
+def test_bad_input_is_one_clear_line(args, message):
+    result = tmpi(*args)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_rule_from_a_missing_plugin_names_the_distribution():
+    result = tmpi("wrap", "--rule", "gosgd", MLP, env=rank_env(TMPI_DISABLE_PLUGIN_AUTOLOAD="1"))
+    assert result.returncode != 0
+    assert "pip install tmpi-plugin-gosgd" in result.stderr
+
+
+@pytest.mark.mpi
+def test_script_without_training_function():
+    script = SCRIPTS / "no_training.py"
+    result = tmpi("wrap", "-n", "2", script)
+    assert result.returncode != 0
+    assert "no training function" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("no training function") == 1
+
+
+@pytest.mark.mpi
+def test_parameter_signature_mismatch_names_the_parameter():
+    result = tmpi("wrap", "-n", "2", SCRIPTS / "mismatch.py")
+    assert result.returncode != 0
+    assert "rank 1's model differs from rank 0's at param #0" in result.stderr
+    assert "'W_hidden' shape (3, 5)" in result.stderr and "shape (3, 6)" in result.stderr
+
+
+@pytest.mark.mpi
+def test_all_ranks_output_is_prefixed():
+    result = check(tmpi("wrap", "-n", "2", "--all-ranks-output", MLP, "--epochs", "1"))
+    assert "[rank 0] epoch  1/1" in result.stdout
+    assert "[rank 1] epoch  1/1" in result.stdout
+
+
+@pytest.mark.mpi
+def test_script_arguments_after_double_dash_are_the_scripts():
+    result = check(tmpi("wrap", "-n", "2", MLP, "--", "--epochs", "2", "--seed", "4"))
+    assert "epoch  2/2" in result.stdout
+
+
+@pytest.mark.mpi
+def test_decorator_under_mpiexec_matches_plain_python():
+    script = SCRIPTS / "decorated_mlp.py"
+    one = check(run([sys.executable, script]))
+    two = check(mpiexec(2, sys.executable, script))
+    assert two.stdout.count("final loss") == 1
+    for key in ("loss", "norms"):
+        assert_close(final_numbers(two.stdout, key), final_numbers(one.stdout, key), 1e-8)

@@ -33,11 +33,16 @@ setup(
         # scikit-learn's digits ship inside the wheel (demo and tests data);
         # newer releases pull numpy >= 1.24.
         "scikit-learn<1.4",
+        # Progress bars on rank 0 and `tmpi plot`.
+        "tqdm",
+        "matplotlib",
     ],
     extras_require={
         "keras": ["keras==2.3.1", "h5py"],
         "lasagne": ["lasagne==0.1"],
         "test": ["pytest>=7"],
+        # GPU exchangers; never pulled by the CPU install.
+        "gpu": ["cupy-cuda12x", "nvidia-nccl-cu12"],
     },
     entry_points={"console_scripts": ["tmpi = tmpi_adapters.cli:run"]},
     classifiers=[

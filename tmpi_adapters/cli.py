@@ -235,7 +235,7 @@ def main(argv=None):
 
 
 #: Modules that add subcommands with :func:`register_command` when imported.
-COMMAND_MODULES = ()
+COMMAND_MODULES = ("tmpi_adapters.bench", "tmpi_adapters.theanompi_run")
 
 
 def _load_commands():

@@ -21,8 +21,14 @@ hookimpl = pluggy.HookimplMarker("tmpi")
 #: Modules registered before any entry point, in this order.
 BUILTIN_PLUGINS = (
     "tmpi_adapters.exchangers.mpi",
+    "tmpi_adapters.exchangers.gpu",
     "tmpi_adapters.rules.bsp",
     "tmpi_adapters.frameworks.theano",
+    "tmpi_adapters.frameworks.keras",
+    "tmpi_adapters.frameworks.lasagne",
+    "tmpi_adapters.frameworks.blocks",
+    "tmpi_adapters.frameworks.theanompi",
+    "tmpi_adapters.reliability",
     "tmpi_adapters.known",
 )
 

@@ -1,0 +1,1 @@
+"""`tmpi bench` and `tmpi plot`: measured exchange, scaling and overhead."""

@@ -1,0 +1,1 @@
+"""GPU exchangers: device buffers over NCCL (CuPy) and CUDA-aware MPI."""

@@ -1,0 +1,1 @@
+"""The Blocks adapter: MainLoop / GradientDescent models and a Blocks extension."""

@@ -1,0 +1,1 @@
+"""The Keras 2.3.1 (Theano backend) adapter."""

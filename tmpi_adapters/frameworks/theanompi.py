@@ -1,0 +1,1 @@
+"""The Theano-MPI adapter: ModelClass files written to Theano-MPI's contract."""

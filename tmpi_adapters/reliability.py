@@ -1,0 +1,1 @@
+"""Reliability: failed and stalled ranks, checkpoints and resume, non-finite values."""

@@ -43,4 +43,7 @@ def __getattr__(name):
     if name == "Exchanger":
         from .exchanger import Exchanger
         return Exchanger
+    if name == "blocks":
+        from .frameworks import blocks
+        return blocks
     raise AttributeError("module 'tmpi_adapters' has no attribute %r" % name)

@@ -29,6 +29,7 @@ BUILTIN_PLUGINS = (
     "tmpi_adapters.frameworks.blocks",
     "tmpi_adapters.frameworks.theanompi",
     "tmpi_adapters.reliability",
+    "tmpi_adapters.recorder",
     "tmpi_adapters.known",
 )
 
@@ -109,7 +110,7 @@ def describe_plugins(pm=None):
     dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
     rows = []
     for name, plugin in pm.list_name_plugin():
-        if plugin is None:
+        if plugin is None or not pm.get_hookcallers(plugin):
             continue
         dist = dists.get(id(plugin))
         hooks = sorted(caller.name for caller in pm.get_hookcallers(plugin) or [])

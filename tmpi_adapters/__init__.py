@@ -43,6 +43,9 @@ def __getattr__(name):
     if name == "Exchanger":
         from .exchanger import Exchanger
         return Exchanger
+    if name in ("BSP", "EASGD", "GOSGD", "ASGD"):
+        from .theanompi_run import rule_class
+        return rule_class(name)
     if name == "blocks":
         from .frameworks import blocks
         return blocks

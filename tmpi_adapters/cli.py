@@ -249,4 +249,6 @@ def run():
 
 
 if __name__ == "__main__":
-    run()
+    # Subcommand modules register with `tmpi_adapters.cli`, not with `__main__`.
+    from tmpi_adapters.cli import run as _run
+    _run()

@@ -232,7 +232,7 @@ class TheanoAdapter(FrameworkAdapter):
                 model_state.append(var)
 
         sliced, new_givens = [], None
-        if given_pairs and session.options.scaling == "strong":
+        if given_pairs and self.batch_mode() == "rows":
             new_pairs = []
             for var, value in given_pairs:
                 try:
@@ -262,6 +262,17 @@ class TheanoAdapter(FrameworkAdapter):
         session.register_model(model)
         self.functions.append(function)
         return function
+
+    def batch_mode(self):
+        """How training calls share work across ranks.
+
+        ``"rows"``: each call's batch is split by rows (strong scaling);
+        ``"round-robin"``: groups of N calls form one step, rank r training on
+        the r-th call's batch (weak scaling of an unmodified loop);
+        ``"local"``: each rank already feeds its own data (adapters whose
+        models shard their data themselves), so batches are used whole.
+        """
+        return "round-robin" if self.session.options.scaling == "weak" else "rows"
 
     # -- end of run ---------------------------------------------------------------
     def flush(self):
@@ -387,9 +398,12 @@ class DistributedFunction:
     def __call__(self, *args, **kwargs):
         session = self.session
         self.calls += 1
-        if session.options.scaling == "weak" and self.calls > 1:
+        mode = self.adapter.batch_mode()
+        if mode == "round-robin" and self.calls > 1:
             return self._weak_call(args, kwargs)
         rows, bounds = self._rows(args, kwargs)
+        if mode == "local":
+            return self._step(args, kwargs, weight=rows or 1, rows=rows)
         if rows is None or session.size == 1:
             if self.sliced:
                 self._local_call(args, kwargs, rows, bounds, 0, rows)
@@ -448,7 +462,7 @@ class DistributedFunction:
 
     def flush(self):
         """Run a weak-scaling group that the script's loop left incomplete."""
-        if self.session.options.scaling != "weak" or self.calls <= 1:
+        if self.adapter.batch_mode() != "round-robin" or self.calls <= 1:
             return
         if (self.calls - 2) % self.session.size != self.session.size - 1:
             self._run_stash()

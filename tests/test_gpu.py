@@ -354,3 +354,26 @@ def test_models_on_gpus_choose_a_gpu_exchanger(tmp_path):
     env["THEANO_FLAGS"] = env["THEANO_FLAGS"] + ",device=cuda"
     result = check(mpiexec(n, sys.executable, script, env=env, timeout=300))
     assert "chosen: nccl" in result.stdout
+
+
+def test_benchmark_model_mixes_large_and_small_arrays():
+    shapes = gpu.model_shapes(10e6, count=10)
+    sizes = [int(np.prod(shape)) * 4 for shape in shapes]
+    assert len(shapes) == 10 and abs(sum(sizes) - 10e6) < 0.01 * 10e6
+    assert min(sizes) < 1000 < 100000 < max(sizes)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", sorted(GPU_EXCHANGERS))
+def test_gpu_benchmark_runs_and_writes_json(name, tmp_path):
+    import json
+    n = 2
+    _skip_without(name, n)
+    out = tmp_path / "bench.json"
+    check(mpiexec(n, sys.executable, "-m", "tmpi_adapters.exchangers.gpu", "--exchanger",
+                  name, "--mbytes", "1", "--repeats", "2", "--json", out, timeout=300))
+    figures = json.loads(out.read_text())
+    assert figures["exchanger"] == name and figures["ranks"] == n
+    for key in ("raw", "fused_native", "fused_fp16", "fused_bf16", "per_array",
+                "host_staged", "fused_over_raw"):
+        assert figures[key] > 0, key

@@ -447,6 +447,8 @@ class _DeviceExchanger(Exchanger):
     memory = "device"
     #: Whether ranks must each have their own GPU.
     one_gpu_per_rank = False
+    _nccl = None  # set by NCCLExchanger; here so early waits find them
+    _p2p = None
 
     def __init__(self, comm=None, precision=None, bucket_bytes=None, timeout=None):
         super().__init__(comm, precision, bucket_bytes, timeout)
@@ -463,7 +465,10 @@ class _DeviceExchanger(Exchanger):
         self.cp.cuda.Device(self.device).use()
         if self.one_gpu_per_rank and self.size > 1:
             self._check_one_gpu_per_rank()
-        self._stream = self.cp.cuda.Stream(non_blocking=False)
+        # Non-blocking: work on the legacy default stream (NCCL's set-up of a
+        # channel, say) must not wait behind a collective that waits for a peer.
+        # The caller's work is waited for explicitly (see _working).
+        self._stream = self.cp.cuda.Stream(non_blocking=True)
 
     # -- set-up ---------------------------------------------------------------
     def _agree_available(self):
@@ -1130,7 +1135,11 @@ class _PointToPoint:
         return None
 
     def close(self):
-        for channel in list(self.outgoing.values()) + list(self.incoming.values()):
+        # Tearing an NCCL communicator down may wait for its peer: every rank
+        # goes through the channels in the same (sender, receiver) order.
+        channels = [((self.x.rank, peer), c) for peer, c in self.outgoing.items()]
+        channels += [((peer, self.x.rank), c) for peer, c in self.incoming.items()]
+        for _, channel in sorted(channels, key=lambda item: item[0]):
             channel.close()
         self.outgoing.clear()
         self.incoming.clear()
@@ -1155,8 +1164,6 @@ class NCCLExchanger(_DeviceExchanger):
 
     def __init__(self, comm=None, precision=None, bucket_bytes=None, timeout=None):
         super().__init__(comm, precision, bucket_bytes, timeout)
-        self._nccl = None
-        self._p2p = None
         if self.size > 1:
             nccl = _nccl_module()
             unique_id = self.comm.bcast(nccl.get_unique_id() if self.rank == 0 else None,
@@ -1300,3 +1307,82 @@ def tmpi_select_exchanger(session):
         print("tmpi: the models live on GPUs but no GPU exchanger can run (%s); "
               "exchanging through host memory with mpi" % why, file=sys.stderr, flush=True)
     return name
+
+
+# -------------------------------------------------------------- measuring
+
+def model_shapes(total_bytes, count=40):
+    """Float32 shapes of ``count`` arrays adding up to about ``total_bytes``,
+    large and small mixed as in a conv net (weights and biases)."""
+    biases = [(64 * (i % 3 + 1),) for i in range(count // 2)]
+    left = max(0, int(total_bytes / 4) - sum(b[0] for b in biases))
+    parts = [i % 4 + 1 for i in range(count - len(biases))]
+    weights = [(max(1, left * p // sum(parts) // 4), 4) for p in parts]
+    return [shape for pair in zip(weights, biases) for shape in pair]
+
+
+def bench(name, total_bytes, repeats, comm=None):
+    """Median seconds of the exchanges of one model on every rank; rank 0's dict.
+
+    ``raw`` is one sum of one flat float32 buffer of the same bytes through the
+    same transport (the floor); ``fused_*`` the exchanger's weighted mean in
+    each precision; ``per_array`` one exchanger call per array; ``host_staged``
+    the fused exchange of numpy arrays.
+    """
+    from ..pluginmanager import lookup
+    exchanger = lookup("exchangers", name)(comm, timeout=600)
+    cp = exchanger.cp
+    shapes = model_shapes(total_bytes)
+    arrays = [cp.random.standard_normal(s, dtype=cp.float32) for s in shapes]
+    flat = cp.zeros(sum(a.size for a in arrays), dtype=cp.float32)
+    on_host = [a.get() for a in arrays]
+    weight = exchanger.rank + 1.0
+    cases = {"raw": lambda: exchanger._allreduce_sum(flat)}
+    for precision in ("native", "fp16", "bf16"):
+        cases["fused_" + precision] = functools.partial(
+            exchanger.allreduce, arrays, weight=weight, precision=precision, out=arrays)
+    cases["per_array"] = lambda: [exchanger.allreduce([a], out=[a]) for a in arrays]
+    cases["host_staged"] = lambda: exchanger.allreduce(on_host, weight=weight, out=on_host)
+    result = {"exchanger": name, "ranks": exchanger.size, "bytes": int(flat.nbytes)}
+    for case, run in cases.items():
+        result[case] = _median_seconds(exchanger, run, repeats)
+    result["fused_over_raw"] = result["fused_native"] / result["raw"]
+    exchanger.close()
+    return result
+
+
+def _median_seconds(exchanger, run, repeats):
+    run()  # warm-up: buffers, NCCL connections
+    times = []
+    for _ in range(repeats):
+        exchanger.barrier()
+        start = time.perf_counter()
+        run()
+        exchanger._wait_stream("bench")
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main(argv=None):
+    """``mpiexec -n N python -m tmpi_adapters.exchangers.gpu [--exchanger nccl] ...``"""
+    import argparse
+    import json
+    parser = argparse.ArgumentParser(prog="python -m tmpi_adapters.exchangers.gpu",
+                                     description="Time the GPU exchangers on this machine.")
+    parser.add_argument("--exchanger", default="nccl", choices=["nccl", "cuda-mpi"])
+    parser.add_argument("--mbytes", type=float, default=100.0, help="model size in MB")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    result = bench(args.exchanger, int(args.mbytes * 1e6), args.repeats)
+    from mpi4py import MPI
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        for key, value in result.items():
+            print("%-16s %s" % (key, "%.6f" % value if isinstance(value, float) else value))
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(result, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

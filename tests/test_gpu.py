@@ -62,9 +62,12 @@ def test_local_ranks_take_visible_devices_round_robin():
 
 
 def test_no_visible_device_names_cuda_visible_devices(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    with pytest.raises(TmpiError, match="local rank 2.*CUDA_VISIBLE_DEVICES=''"):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    with pytest.raises(TmpiError, match="local rank 2.*CUDA_VISIBLE_DEVICES='-1' hides every"):
         gpu.device_for_local_rank(2, 0)
+    assert gpu.describe_visible_devices({}) == "CUDA_VISIBLE_DEVICES is unset"
+    assert gpu.describe_visible_devices({"CUDA_VISIBLE_DEVICES": "1,0"}) == \
+        "CUDA_VISIBLE_DEVICES='1,0'"
 
 
 def test_ranks_sharing_a_gpu_are_named():

@@ -151,11 +151,15 @@ def nccl_problem():
 
 
 def describe_visible_devices(environ=None):
-    """``CUDA_VISIBLE_DEVICES=...`` as the user set it, for error messages."""
+    """``CUDA_VISIBLE_DEVICES`` as the user set it and what it leaves visible,
+    for error messages."""
     environ = os.environ if environ is None else environ
     value = environ.get("CUDA_VISIBLE_DEVICES")
-    return "CUDA_VISIBLE_DEVICES is unset" if value is None else \
-        "CUDA_VISIBLE_DEVICES=%r" % value
+    if value is None:
+        return "CUDA_VISIBLE_DEVICES is unset"
+    if not parse_visible_devices(value):
+        return "CUDA_VISIBLE_DEVICES=%r hides every GPU" % value
+    return "CUDA_VISIBLE_DEVICES=%r" % value
 
 
 def _nccl_module():
@@ -608,7 +612,7 @@ class _DeviceExchanger(Exchanger):
                 buf[-1] = weight
             self._allreduce_sum(buf)
             if weighted:
-                total = float(buf[-1].get())
+                total = float(buf[-1:].get()[0])
                 check_total_weight(total)
             pos = 0
             for i in idx:
@@ -796,7 +800,9 @@ class CudaMPIExchanger(_DeviceExchanger):
 
     mpi4py reads device pointers from ``__cuda_array_interface__``; MPI knows
     nothing of CUDA streams, so our stream is synchronised before every call.
-    Host arrays in point-to-point calls go to MPI as they are (no staging).
+    Collectives are the blocking ones, after a non-blocking barrier (see
+    :meth:`_collective`).  Host arrays in point-to-point calls go to MPI as
+    they are (no staging).
     """
 
     name = "cuda-mpi"
@@ -807,25 +813,29 @@ class CudaMPIExchanger(_DeviceExchanger):
         # Asking MPI costs a child process outside a rank: only when a GPU is there.
         return gpu_problem() or cuda_aware_problem()
 
-    def _ready(self):
+    def _collective(self, what, call, *args, **kwargs):
+        """Run a blocking MPI collective on device buffers.
+
+        Some CUDA-aware MPIs (Open MPI 4) take device pointers only in blocking
+        collectives; a non-blocking barrier first turns a missing rank into a
+        reported stall instead of a hang.
+        """
         self._stream.synchronize()
+        self._wait_mpi(self.comm.Ibarrier(), what)
+        call(*args, **kwargs)
 
     def _allreduce_sum(self, buf):
-        self._ready()
-        self._wait_mpi(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM),
-                       "allreduce")
+        self._collective("allreduce", self.comm.Allreduce, self.MPI.IN_PLACE, buf,
+                         op=self.MPI.SUM)
 
     def _alltoall(self, send, recv):
-        self._ready()
-        self._wait_mpi(self.comm.Ialltoall(send, recv), "allreduce")
+        self._collective("allreduce", self.comm.Alltoall, send, recv)
 
     def _allgather(self, mine, out):
-        self._ready()
-        self._wait_mpi(self.comm.Iallgather(mine, out), "allgather")
+        self._collective("allgather", self.comm.Allgather, mine, out)
 
     def _bcast(self, buf, root):
-        self._ready()
-        self._wait_mpi(self.comm.Ibcast(buf, root=root), "broadcast")
+        self._collective("broadcast", self.comm.Bcast, buf, root=root)
 
     def isend(self, array, dest, tag=0):
         if is_device_array(array):

@@ -13,7 +13,7 @@ EXCHANGERS = sorted(available("exchangers").items())
 @pytest.mark.parametrize("n", [1, 2, 3])
 @pytest.mark.parametrize("name,cls", EXCHANGERS, ids=[name for name, _ in EXCHANGERS])
 def test_exchanger_suite(name, cls, n):
-    reason = cls.unavailable_reason()
+    reason = cls.unavailable_reason(size=n)
     if reason:
         pytest.skip("%s exchanger cannot run here: %s" % (name, reason))
     result = check(mpiexec(n, sys.executable, SCRIPTS / "exchanger_suite.py", name,

@@ -100,8 +100,9 @@ class Exchanger(abc.ABC):
     size = 1
 
     @classmethod
-    def unavailable_reason(cls):
-        """Why this exchanger cannot run on this machine (``None`` when it can).
+    def unavailable_reason(cls, size=None):
+        """Why this exchanger cannot run on this machine (``None`` when it can),
+        for a job of ``size`` ranks when given.
 
         GPU exchangers answer e.g. "CuPy is not installed" or "no CUDA GPU is
         visible"; tests skip with this text and ``--exchanger`` errors show it.

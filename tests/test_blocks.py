@@ -5,7 +5,6 @@ there with the reason below; detection, the extension's argument checking, the
 arithmetic of monitoring shares and the missing-Blocks error are tested anyway.
 """
 import importlib.util
-import pickle
 import sys
 
 import numpy as np
@@ -16,7 +15,8 @@ from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.frameworks import blocks as adapter
 
 HAVE_BLOCKS = all(importlib.util.find_spec(m) is not None for m in ("blocks", "fuel"))
-needs_blocks = pytest.mark.skipif(not HAVE_BLOCKS, reason=adapter.BLOCKS_NOT_INSTALLABLE)
+needs_blocks = pytest.mark.skipif(not HAVE_BLOCKS, reason=(
+    "Blocks is not installable from PyPI; install it from its repository to run these tests"))
 
 MNIST = SCRIPTS / "blocks_mnist.py"
 EXTENSION = SCRIPTS / "blocks_mnist_extension.py"

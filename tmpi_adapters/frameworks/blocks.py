@@ -48,11 +48,6 @@ from ..protocol import ModelProtocol, variable_name
 from .base import imports_module
 from .theano import DistributedFunction, TheanoAdapter, _ancestors, _is_marker, split_bounds
 
-#: Why Blocks tests skip and what a user without Blocks is told.
-BLOCKS_NOT_INSTALLABLE = ("Blocks is not installable from PyPI; install it from its "
-                          "repository to run these tests")
-
-
 def blocks_missing_reason():
     """``None`` when Blocks imports here, else the reason it does not."""
     from .. import compat
@@ -61,7 +56,7 @@ def blocks_missing_reason():
         import blocks  # noqa: F401
         import blocks.main_loop  # noqa: F401
     except ImportError as error:
-        return "%s (%s)" % (BLOCKS_NOT_INSTALLABLE, error)
+        return str(error)
     return None
 
 
@@ -69,10 +64,10 @@ def _require_blocks():
     reason = blocks_missing_reason()
     if reason is not None:
         raise TmpiError(
-            "the Blocks adapter needs Blocks, which is not importable here: %s. Install Blocks "
-            "from its repository together with fuel==0.2.0, picklable-itertools, progressbar2 "
-            "and toolz, or pass the framework the script really uses (--framework theano)."
-            % reason)
+            "the Blocks adapter needs Blocks, which is not importable here (%s). Blocks is not "
+            "on PyPI: install it from its repository together with fuel==0.2.0, "
+            "picklable-itertools, progressbar2 and toolz (docs/blocks.md), or pass the "
+            "framework the script really uses (--framework theano)." % reason)
 
 
 # ------------------------------------------------------------------ the model
@@ -416,7 +411,7 @@ class BlocksAdapter(TheanoAdapter):
         self.main_loop = None
         #: rows of the latest training step on this rank (set by tmpi_after_step)
         self.last_samples = None
-        self._shares = {}   # id(AggregationBuffer) -> MonitoringShares
+        self._shares = {}   # id(AggregationBuffer) -> (the buffer, its MonitoringShares)
         self._callbacks = {"after_training": [], "on_error": []}
         self._error = None  # (exception, its args) as Blocks' on_error saw them
 
@@ -428,7 +423,6 @@ class BlocksAdapter(TheanoAdapter):
         from blocks.main_loop import MainLoop
         from blocks.monitoring.evaluators import AggregationBuffer, DatasetEvaluator
         self._rank_zero_only = _rank_zero_only_types()
-        adapter = self
         originals = {}
 
         def hook(owner, name, replacement):
@@ -440,12 +434,12 @@ class BlocksAdapter(TheanoAdapter):
             method.__doc__ = getattr(originals[(owner, name)], "__doc__", None)
             self.patcher.patch(owner, name, method)
 
-        hook(MainLoop, "run", adapter._run)
-        hook(MainLoop, "_run_extensions", adapter._run_extensions)
-        hook(MainLoop, "_check_finish_training", adapter._check_finish_training)
-        hook(UpdatesAlgorithm, "initialize", adapter._initialize)
-        hook(AggregationBuffer, "get_aggregated_values", adapter._read_out)
-        hook(DatasetEvaluator, "_compile", adapter._compile_evaluator)
+        hook(MainLoop, "run", self._run)
+        hook(MainLoop, "_run_extensions", self._run_extensions)
+        hook(MainLoop, "_check_finish_training", self._check_finish_training)
+        hook(UpdatesAlgorithm, "initialize", self._initialize)
+        hook(AggregationBuffer, "get_aggregated_values", self._read_out)
+        hook(DatasetEvaluator, "_compile", self._compile_evaluator)
 
     def on(self, callback, action):
         """Run ``action(*args)`` once every extension's ``callback`` has run."""
@@ -504,7 +498,7 @@ class BlocksAdapter(TheanoAdapter):
         shares = []
         monitored = set()
         for buffer in self._training_buffers(algorithm):
-            accumulators, local = buffer_accumulators(buffer, session.options.loss_reduction)
+            accumulators, _ = buffer_accumulators(buffer, session.options.loss_reduction)
             monitored.update(id(v) for v, _ in buffer.accumulation_updates)
             if accumulators and session.size > 1:
                 shares.append(self._register(buffer, accumulators))
@@ -546,7 +540,10 @@ class BlocksAdapter(TheanoAdapter):
         optimizer_state = ([v for v in step_rule if any(v is k for k in keep)]
                            + [v for v in keep if not any(v is s for s in step_rule)])
         model_state = [v for v in model.model_state if id(v) not in monitored]
-        return BlocksModel(params, optimizer_state, model_state, name=model.name)
+        batch_size, n_batch_train, n_epochs = loop_shape(self.main_loop)
+        return BlocksModel(params, optimizer_state, model_state, name=model.name,
+                           batch_size=batch_size, n_batch_train=n_batch_train,
+                           n_epochs=n_epochs)
 
     # -- monitoring -------------------------------------------------------------
     def _read_out(self, original, buffer):
@@ -572,6 +569,27 @@ class BlocksAdapter(TheanoAdapter):
             return
         shares = self._register(buffer, accumulators)
         evaluator._aggregate_fun = SplitEvaluation(session, function, shares)
+
+
+def loop_shape(main_loop):
+    """``(batch_size, batches per epoch, epochs)`` as far as a main loop tells
+    (its stream's batch scheme, its ``FinishAfter(after_n_epochs=...)``);
+    ``None`` for what it does not."""
+    from blocks.extensions import FinishAfter
+    batch_size = n_batches = n_epochs = None
+    stream = getattr(main_loop, "data_stream", None)
+    while stream is not None and batch_size is None:
+        scheme = getattr(stream, "iteration_scheme", None)
+        size, indices = getattr(scheme, "batch_size", None), getattr(scheme, "indices", None)
+        if isinstance(size, int) and size > 0 and indices is not None:
+            batch_size, n_batches = size, -(-len(indices) // size)
+        stream = getattr(stream, "data_stream", None)  # through Fuel's transformers
+    for extension in getattr(main_loop, "extensions", ()):
+        if isinstance(extension, FinishAfter):
+            for _, predicate, _ in extension._conditions:
+                if getattr(predicate, "condition", None) == "after_n_epochs":
+                    n_epochs = predicate.num
+    return batch_size, n_batches, n_epochs
 
 
 def mark_gradients(algorithm):

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import SCRIPTS, assert_close, check, final_numbers, mpiexec, rank_env, run, tmpi
+from conftest import SCRIPTS, assert_close, check, final_numbers, mpiexec, run, tmpi
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.frameworks import blocks as adapter
 
@@ -141,15 +141,18 @@ def test_two_ranks_match_one_rank_with_momentum(momentum_one_rank, tmp_path):
     assert result.stdout.count("BEFORE FIRST EPOCH") == 1
     code = ("import sys, numpy as np\n"
             "import tmpi_adapters\n"
-            "from blocks.serialization import load_parameters\n"
+            "from blocks.serialization import load, load_parameters\n"
             "values = load_parameters(open(sys.argv[1], 'rb'))\n"
             "print(sorted(values))\n"
-            "print(' '.join('%.17g' % np.linalg.norm(values[k]) for k in sys.argv[2:]))\n")
+            "print(' '.join('%.17g' % np.linalg.norm(values[k]) for k in sys.argv[2:]))\n"
+            "print(type(load(open(sys.argv[1], 'rb')).algorithm._function).__name__)\n")
     names = ["/mlp/linear_0.W", "/mlp/linear_0.b", "/mlp/linear_1.W", "/mlp/linear_1.b"]
     saved = check(run([sys.executable, "-c", code, path] + names)).stdout.splitlines()
     assert saved[0] == repr(sorted(names))
     norms = [float(v) for v in saved[1].split()]
     assert_close(sorted(norms), sorted(final_numbers(result.stdout, "param_norms")), 1e-12)
+    # The pickled main loop compiles its training function again when resumed.
+    assert saved[2] == "LazyTrainingFunction"
 
 
 @needs_blocks
@@ -184,8 +187,7 @@ def test_a_finish_request_on_one_rank_stops_every_rank():
 @needs_blocks
 @pytest.mark.mpi
 def test_ranks_reading_different_batches_is_a_clear_error():
-    result = tmpi("wrap", "-n", "2", MNIST, "--rank-dependent-shuffle",
-                  env=rank_env(floatx="float32"))
+    result = tmpi("wrap", "-n", "2", MNIST, "--rank-dependent-shuffle")
     assert result.returncode != 0
     assert "the first training batch differs between ranks" in result.stderr
     assert "Original exception" not in result.stderr and "Traceback" not in result.stderr

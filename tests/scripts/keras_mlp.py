@@ -19,12 +19,13 @@ from keras.utils import Sequence
 CASES = ("sgd-fit", "adam-fit", "generator", "train-on-batch")
 
 
-def load_data(dtype):
+def load_data(dtype, train_rows):
     digits = load_digits()
     x = (digits.data / 16.0).astype(dtype)
     y = digits.target.astype("int32")
     order = np.random.RandomState(0).permutation(len(x))
-    return (x[order[:1500]], y[order[:1500]]), (x[order[1500:]], y[order[1500:]])
+    train, val = order[:train_rows], order[1500:]
+    return (x[train], y[train]), (x[val], y[val])
 
 
 def sequential_mlp(optimizer):
@@ -121,13 +122,14 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--train-rows", type=int, default=1500, help="at most 1500")
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_false")
     parser.add_argument("--floatx", default="float32")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
 
     K.set_floatx(args.floatx)
-    train, val = load_data(args.floatx)
+    train, val = load_data(args.floatx, min(args.train_rows, 1500))
     for case in args.cases.split(","):
         if case not in CASES:
             parser.error("unknown case %r; choose from %s" % (case, ", ".join(CASES)))

@@ -16,7 +16,8 @@ from keras.regularizers import l2
 
 def _bn_relu(x, weight_decay):
     axis = 1 if K.image_data_format() == "channels_first" else -1
-    x = BatchNormalization(axis=axis, momentum=0.9, epsilon=1e-5,
+    # Theano's batch normalization rejects an epsilon that rounds below 1e-5.
+    x = BatchNormalization(axis=axis, momentum=0.9, epsilon=1.001e-5,
                            gamma_regularizer=l2(weight_decay),
                            beta_regularizer=l2(weight_decay))(x)
     return Activation("relu")(x)

@@ -115,14 +115,31 @@ def test_weak_scaling_with_linear_lr_scaling_is_a_doubled_batch(tmp_path):
 def test_weak_scaling_with_warmup_keeps_ranks_identical():
     result = check(tmpi("wrap", "-n", "2", "--all-ranks-output", "--scaling", "weak",
                         "--lr-scaling", "--warmup-steps", "10", MLP, *MLP_ARGS,
-                        "--cases", "sgd-fit", env=keras_env()))
-    weights = [rank_lines(result.stdout, rank, "sgd-fit weights") for rank in (0, 1)]
-    assert weights[0] and weights[0] == weights[1]
-    # 750 samples per rank in batches of 61: 13 steps per epoch.
+                        "--cases", "sgd-fit,train-on-batch", env=keras_env()))
+    for case in ("sgd-fit", "train-on-batch"):
+        weights = [rank_lines(result.stdout, rank, case + " weights") for rank in (0, 1)]
+        assert weights[0] and weights[0] == weights[1], case
+        loss, accuracy = [float(v) for v in
+                          rank_lines(result.stdout, 0, case + " evaluate")[0].split()]
+        assert accuracy > 0.8, result.stdout[-3000:]
+    # fit: 750 samples per rank in batches of 61 make 13 steps per epoch.
     assert rank_lines(result.stdout, 1, "sgd-fit iterations") == ["39"]
-    loss, accuracy = [float(v) for v in rank_lines(result.stdout, 0, "sgd-fit evaluate")[0]
-                      .split()]
-    assert accuracy > 0.8, result.stdout[-3000:]
+    # train_on_batch loop: two calls make one step (the first call is split);
+    # calls that only hand a rank its batch report the latest step's metrics.
+    assert rank_lines(result.stdout, 0, "train-on-batch iterations") == ["38"]
+    assert "nan" not in rank_lines(result.stdout, 0, "train-on-batch history")[0]
+
+
+def test_random_streams_jump_ahead_by_rank():
+    import tmpi_adapters  # noqa: F401 -- the shims Theano needs come first
+    from theano.sandbox.rng_mrg import MRG_RandomStreams, ff_2p134
+    from tmpi_adapters.frameworks.keras import jump_streams
+    states = MRG_RandomStreams(seed=99).get_substream_rstates(5, "float32")
+    assert (jump_streams(states, 0) == states).all()
+    twice = jump_streams(states, 2)
+    assert twice.dtype == states.dtype and not (twice == states).any()
+    for row, jumped in zip(states, twice):
+        assert (jumped == ff_2p134(ff_2p134(row))).all()
 
 
 @pytest.mark.mpi

@@ -43,6 +43,7 @@ import numpy as np
 from .. import compat
 from ..errors import ConfigError, TmpiError
 from ..pluginmanager import hookimpl
+from ..protocol import write_values
 from .base import imports_module
 from .theano import DistributedFunction, TheanoAdapter, split_bounds
 
@@ -361,6 +362,7 @@ class KerasStep:
         self.distributed = distributed
         self.accumulators = list(accumulators)
         self.lr_scale = lr_scale
+        self._after_step = None   # accumulator values after the latest step
 
     def __getattr__(self, name):
         return getattr(self.distributed, name)
@@ -380,10 +382,18 @@ class KerasStep:
             outputs = distributed.step_local(*args, **kwargs)
         else:
             outputs = distributed(*args, **kwargs)
-        if before and model.step != steps:
-            weight = distributed.last_weight
+        if before is None:
+            return outputs
+        if model.step != steps:
             sum_increments(self.accumulators, before, session.exchanger,
-                           counts=bool(weight))
+                           counts=bool(distributed.last_weight))
+            self._after_step = read_copies(self.accumulators)
+        elif self._after_step is not None and not any(np.any(b) for b in before):
+            # A weak-scaling call that only handed this rank its batch returns
+            # the latest step's outputs; after train_on_batch's metric reset
+            # Keras would read 0/0 from the accumulators, so give it the
+            # latest step's values too.
+            write_values(self.accumulators, [a.copy() for a in self._after_step])
         return outputs
 
 
@@ -647,10 +657,14 @@ def jump_streams(states, times):
     """MRG31k3p states (int32, shape (n_streams, 6)) advanced ``times`` * 2**134 draws."""
     from theano.sandbox import rng_mrg
     states = np.array(states, dtype=np.int64, copy=True)
-    for _ in range(times):
-        for row in states:
-            row[:3] = rng_mrg.matVecModM(rng_mrg.A1p134, row[:3], rng_mrg.M1)
-            row[3:] = rng_mrg.matVecModM(rng_mrg.A2p134, row[3:], rng_mrg.M2)
+    for columns, jump, modulus in ((slice(0, 3), rng_mrg.A1p134, rng_mrg.M1),
+                                   (slice(3, 6), rng_mrg.A2p134, rng_mrg.M2)):
+        jump, modulus = np.asarray(jump, dtype=np.int64), np.int64(modulus)
+        part = states[:, columns]
+        for _ in range(times):
+            # Row-wise jump @ state (mod m); every product stays below 2**62.
+            part = ((part[:, None, :] * jump[None, :, :]) % modulus).sum(axis=2) % modulus
+        states[:, columns] = part
     return states.astype(np.int32)
 
 

@@ -76,22 +76,16 @@ class KerasAdapter(TheanoAdapter):
         """Patch Keras' classes once ``import keras`` has finished."""
         if not self._installed:
             return
-        from keras import backend as K
-        version = getattr(keras, "__version__", "?")
-        if tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < (2, 2):
-            raise ConfigError("tmpi's Keras adapter needs Keras 2.2 or 2.3 (2.3.1 is the last "
-                              "with a Theano backend); found Keras %s." % version)
-        if K.backend() != "theano":
-            raise ConfigError(
-                "Keras is using its %r backend; tmpi distributes Keras' Theano backend. "
-                "Set KERAS_BACKEND=theano (or \"backend\": \"theano\" in ~/.keras/keras.json)."
-                % K.backend())
-        from keras.engine import network, saving, training, training_arrays
-        from keras.engine import training_generator
-        import keras.callbacks
-        import keras.models
-        patch = self.patcher.patch
-        model_cls = training.Model
+        _check_keras(keras)
+        self._patch_training()
+        self._patch_writers()
+        callbacks = keras.callbacks
+        self.patcher.patch(callbacks.CallbackList, "on_epoch_end",
+                           self._agreeing_epoch_end(callbacks.CallbackList.on_epoch_end))
+
+    def _patch_training(self):
+        from keras.engine import training, training_arrays, training_generator
+        patch, model_cls = self.patcher.patch, training.Model
         patch(model_cls, "_make_train_function",
               self._making_train_function(model_cls._make_train_function))
         patch(model_cls, "_make_test_function",
@@ -99,6 +93,13 @@ class KerasAdapter(TheanoAdapter):
         patch(training_arrays, "fit_loop", self._sharding_fit_loop(training_arrays.fit_loop))
         patch(training_generator, "fit_generator",
               self._sharding_fit_generator(training_generator.fit_generator))
+
+    def _patch_writers(self):
+        import keras.callbacks
+        import keras.models
+        from keras.engine import network, saving
+        patch = self.patcher.patch
+        # Network.save looks save_model up in keras.models at call time.
         save_model = self._on_rank_zero(saving.save_model, wait=True)
         patch(saving, "save_model", save_model)
         patch(keras.models, "save_model", save_model)
@@ -110,8 +111,6 @@ class KerasAdapter(TheanoAdapter):
                            (callbacks.RemoteMonitor, ("on_epoch_end",))):
             for name in names:
                 patch(cls, name, self._on_rank_zero(getattr(cls, name), wait=False))
-        patch(callbacks.CallbackList, "on_epoch_end",
-              self._agreeing_epoch_end(callbacks.CallbackList.on_epoch_end))
 
     # -- rank 0 writes ---------------------------------------------------------------
     def _on_rank_zero(self, method, wait):
@@ -449,6 +448,20 @@ class KerasEvaluation:
 
 
 # -- helpers (numpy in, numpy out) ---------------------------------------------------
+
+def _check_keras(keras):
+    """A clear error for a Keras tmpi cannot distribute."""
+    from keras import backend as K
+    version = getattr(keras, "__version__", "?")
+    if tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < (2, 2):
+        raise ConfigError("tmpi's Keras adapter needs Keras 2.2 or 2.3 (2.3.1 is the last "
+                          "with a Theano backend); found Keras %s." % version)
+    if K.backend() != "theano":
+        raise ConfigError(
+            "Keras is using its %r backend; tmpi distributes Keras' Theano backend. "
+            "Set KERAS_BACKEND=theano (or \"backend\": \"theano\" in ~/.keras/keras.json)."
+            % K.backend())
+
 
 def _contains(variables, variable):
     return any(v is variable for v in variables)

@@ -161,14 +161,25 @@ class Session:
         self.pm.hook.tmpi_after_step(session=self, model=model, step=model.step,
                                      samples=samples)
 
-    def gradient_scale(self, model=None):
-        """Weak scaling's linear learning-rate scaling, as a gradient multiplier."""
+    def learning_rate_scale(self, model=None):
+        """Weak scaling's linear learning-rate factor for ``model``'s next step:
+        1 unless ``--scaling weak --lr-scaling``, then N, reached linearly over
+        ``--warmup-steps`` steps."""
         if self.options.scaling != "weak" or not self.options.lr_scaling or self.size == 1:
             return 1.0
         warmup = self.options.warmup_steps
         step = (model.step if model is not None else 0) + 1
         progress = 1.0 if warmup <= 0 else min(1.0, step / float(warmup))
         return 1.0 + (self.size - 1) * progress
+
+    def gradient_scale(self, model=None):
+        """:meth:`learning_rate_scale` applied as a gradient multiplier (what
+        linear scaling means for SGD and momentum), unless the model's adapter
+        scales its learning rate itself (``model.scales_learning_rate``), as
+        adaptive optimizers like Adam need."""
+        if model is not None and getattr(model, "scales_learning_rate", False):
+            return 1.0
+        return self.learning_rate_scale(model)
 
     def exchange_gradients(self, grads, out=None, key=None):
         """Called by the in-graph :class:`~tmpi_adapters.ops.FusedAllreduce`."""

@@ -350,6 +350,8 @@ class DistributedFunction:
         self._stash = None
         self._latest = None
         self._last_outputs = None
+        #: this rank's weight (rows) in the latest step; 0 for a padding row
+        self.last_weight = None
 
     def __getattr__(self, name):
         return getattr(self.fn, name)
@@ -417,8 +419,22 @@ class DistributedFunction:
         local_args, local_kwargs = self._local_call(args, kwargs, rows, bounds, lo, hi)
         return self._step(local_args, local_kwargs, weight=weight, rows=hi - lo)
 
+    def step_local(self, *args, **kwargs):
+        """One step on this rank's whole batch, whatever the scaling mode.
+
+        For adapters that give each rank its own data at the framework's level
+        (a weak-scaling ``fit`` on this rank's shard): nothing is split, the
+        gradients of all ranks are averaged weighted by their rows and returned
+        scalars are averaged the same way.
+        """
+        rows, bounds = self._rows(args, kwargs)
+        if self.sliced:
+            self._local_call(args, kwargs, rows, bounds, 0, rows)
+        return self._step(args, kwargs, weight=rows or 1, rows=rows)
+
     def _step(self, args, kwargs, weight, rows):
         session = self.session
+        self.last_weight = weight
         session.begin_step(self.model, weight)
         outputs = self.fn(*args, **kwargs)
         values = [outputs] if self.single_output else list(outputs or [])

@@ -9,9 +9,17 @@ copy ``x`` and remembers ``pulled``, the global parameters it last received;
 update*.  Every ``tau`` of its steps a rank pushes the accumulated update to
 rank 0 and pulls fresh parameters::
 
-    center <- center + (x - pulled)          # on rank 0, when the push arrives
+    center <- center + update_scale * (x - pulled)   # on rank 0, as the push arrives
     x      <- center + (steps taken since the push)
     pulled <- center
+
+``update_scale`` is the learning rate at the holder.  Downpour adds the
+workers' updates up (``update_scale = 1``): N workers then move the global
+parameters N times as far per round as one process would, which calls for a
+smaller learning rate.  The default, ``1 / size``, needs none: under tmpi's
+strong scaling each rank computes its gradient on its share of the batch, and
+the average of the N updates is the step one process takes on the whole
+batch.
 
 A worker never waits while training: it trains on while its push travels,
 and keeps the steps it took meanwhile when the fresh parameters arrive (they
@@ -51,6 +59,10 @@ class ASGD(Rule):
     tau : int
         A rank pushes its accumulated update and pulls fresh parameters every
         ``tau`` of its steps (Downpour's ``n_push = n_fetch``).
+    update_scale : float
+        What rank 0 multiplies each pushed update by before adding it to the
+        global parameters.  Default ``1 / size`` (the workers' average step);
+        ``1`` is Downpour's plain sum.
     """
 
     name = "asgd"
@@ -58,6 +70,9 @@ class ASGD(Rule):
     knobs = {
         "tau": Knob(int, 1, "push accumulated updates to rank 0 and pull fresh parameters "
                             "every tau steps", positive),
+        "update_scale": Knob(float, lambda size: 1.0 / size,
+                             "rank 0 adds update_scale * each pushed update (default 1/N: "
+                             "the workers' average step; 1: Downpour's plain sum)", positive),
     }
 
     def __init__(self, session, **options):
@@ -206,7 +221,8 @@ class Downpour:
         self.receive = self.exchanger.irecv(self.inbox, ANY_SOURCE, self.up)
 
     def _apply(self, update):
-        self.center = [c + u for c, u in zip(self.center, update)]
+        scale = self.rule.update_scale
+        self.center = [c + scale * u for c, u in zip(self.center, update)]
         self.rule.pushes += 1
 
     def _serve(self):

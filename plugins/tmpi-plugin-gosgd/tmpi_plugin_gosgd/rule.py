@@ -40,6 +40,11 @@ BASE_TAG = 21000
 MAX_PENDING_SENDS = 4
 
 
+def boolean(text):
+    """``true``/``false`` (or yes/no, on/off, 1/0); named for error messages."""
+    return parse_bool(text)
+
+
 class GoSGD(Rule):
     """Gossip SGD: random pairwise pushes mixed by sum-weights, no global barrier.
 
@@ -61,7 +66,7 @@ class GoSGD(Rule):
         "gossip_probability": Knob(float, 0.1, "probability that a rank pushes its model to "
                                                "a random peer after a step (the paper's p)",
                                    probability),
-        "final_average": Knob(parse_bool, True, "end with the sum-weighted average of all "
+        "final_average": Knob(boolean, True, "end with the sum-weighted average of all "
                                                 "ranks' models on every rank"),
     }
 

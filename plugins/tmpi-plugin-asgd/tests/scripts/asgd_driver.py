@@ -9,19 +9,27 @@
 ``mpiexec -n 3 python asgd_driver.py uneven``
     Free-running, rank r takes 3 + 3 r steps.  Downpour applies every local
     step to the global parameters exactly once, so at the end every rank must
-    hold the start plus the sum of all ranks' gradient steps, each taken at
-    the parameters that rank had then: a lost or doubled push breaks it.
+    hold the start plus ``update_scale`` times the sum of all ranks' gradient
+    steps, each taken at the parameters that rank had then: a lost or doubled
+    push breaks it.
 
 Rank 0 prints ``asgd <mode> OK`` when everything held.
 """
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
-from tmpi_adapters.options import Options
-from tmpi_adapters.session import Session
+# Pure-Python Theano (no C compiler): a model this small needs no C code, and
+# the ranks then never queue on the lock of Theano's shared compile cache.
+os.environ["THEANO_FLAGS"] = ",".join(
+    flag for flag in (os.environ.get("THEANO_FLAGS", ""), "cxx=") if flag)
+warnings.filterwarnings("ignore", message=".*no c\\+\\+ compiler")
+
+from tmpi_adapters.options import Options  # noqa: E402
+from tmpi_adapters.session import Session  # noqa: E402
 
 LR = 0.1
 TAU = 2
@@ -65,8 +73,9 @@ def build_model():
     gw, gb = theano.grad(cost, [w, b])
     # No outputs: nothing is averaged across ranks per step, so ranks may
     # take different numbers of steps.
+    # Little to optimise in a model this small.
     train = theano.function([x, y], [], updates=[(w, w - LR * gw), (b, b - LR * gb)],
-                            name="train")
+                            name="train", mode="FAST_COMPILE")
     return train, w, b
 
 
@@ -93,6 +102,7 @@ def rounds(session, steps=5):
     train, w, b = build_model()
     model = train.model
     session.synchronize(model)  # the identical start, on every rank at once
+    scale = 1.0 / size  # update_scale, left at its default
     workers, pulled = [INITIAL.copy() for _ in range(size)], [INITIAL.copy()] * size
     center = INITIAL.copy()
     for step in range(1, steps + 1):
@@ -106,7 +116,7 @@ def rounds(session, steps=5):
             exchanger.barrier()
             workers[turn] = workers[turn] - LR * gradient(workers[turn], *rows_of(turn, x, y))
             if step % TAU == 0:
-                center = center + (workers[turn] - pulled[turn])
+                center = center + scale * (workers[turn] - pulled[turn])
                 workers[turn] = pulled[turn] = center
         check(flat(w, b), workers[rank], "rank %d parameters after step %d" % (rank, step))
         if rank == 0:
@@ -114,7 +124,7 @@ def rounds(session, steps=5):
             check(np.append(*state["center"]), center, "global parameters after step %d" % step)
     session.finish()
     # The last pushes: rank 0's own, then the workers' (any order: a sum).
-    center = center + sum(xr - pr for xr, pr in zip(workers, pulled))
+    center = center + scale * sum(xr - pr for xr, pr in zip(workers, pulled))
     check(flat(w, b), center, "rank %d final parameters" % rank)
 
 
@@ -123,6 +133,7 @@ def uneven(session):
     rank, size = session.rank, session.size
     train, w, b = build_model()
     moved = np.zeros(4)
+    scale = 1.0 / size  # update_scale, left at its default
     steps = 3 + 3 * rank
     for step in range(1, steps + 1):
         x, y = batch(step, size)
@@ -132,7 +143,7 @@ def uneven(session):
     session.finish()
     comm = MPI.COMM_WORLD
     final = flat(w, b)
-    check(final, INITIAL + comm.allreduce(moved), "rank %d final parameters" % rank)
+    check(final, INITIAL + scale * comm.allreduce(moved), "rank %d final parameters" % rank)
     pushes = comm.allgather(session.rule.pushes)
     # rank 0 applies its own pushes (every TAU of its 3 steps, and a last one),
     # every answered push and one DONE per worker

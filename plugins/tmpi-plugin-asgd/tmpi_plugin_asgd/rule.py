@@ -137,7 +137,7 @@ class Downpour:
         self.up, self.down = tag, tag + 1
         values = read_values(self.variables)
         self.dtype = np.result_type(*[np.asarray(v).dtype for v in values])
-        self.size = flat_size(values)
+        self.length = flat_size(values)  # elements in one whole-model message
         self.holds_center = rule.rank == HOLDER
         # After the identical start every rank holds the global parameters.
         self.center = _copies(values) if self.holds_center else []
@@ -147,7 +147,7 @@ class Downpour:
         self.done = set()        # workers that have finished (rank 0)
         self.pending = None      # (request, answer buffer, parameters at the push)
         self.due = False         # an exchange fell due while one was in flight
-        self.inbox = np.empty(HEADER + self.size, dtype=self.dtype)
+        self.inbox = np.empty(HEADER + self.length, dtype=self.dtype)
         self.receive = None
         if self.holds_center and rule.size > 1:
             self._listen()
@@ -172,7 +172,7 @@ class Downpour:
 
     # -- both sides -------------------------------------------------------------------
     def _message(self, kind, arrays=None):
-        message = np.zeros(HEADER + (self.size if arrays is not None else 0), dtype=self.dtype)
+        message = np.zeros(HEADER + (self.length if arrays is not None else 0), dtype=self.dtype)
         message[0] = kind
         if arrays is not None:
             pack(arrays, message, HEADER)
@@ -268,7 +268,7 @@ class Downpour:
     def _push(self):
         current = read_values(self.variables)
         self._send(self._message(PUSH, self.accumulated()), HOLDER, self.up)
-        answer = np.empty(HEADER + self.size, dtype=self.dtype)
+        answer = np.empty(HEADER + self.length, dtype=self.dtype)
         self.pending = (self.exchanger.irecv(answer, HOLDER, self.down), answer,
                         _copies(current))
 
@@ -293,7 +293,7 @@ class Downpour:
             self.pending[0].wait()
             self._answered()
         self._send(self._message(DONE, self.accumulated()), HOLDER, self.up)
-        final = np.empty(HEADER + self.size, dtype=self.dtype)
+        final = np.empty(HEADER + self.length, dtype=self.dtype)
         self.exchanger.irecv(final, HOLDER, self.down).wait()
         self._flush_sends()
         self._adopt(unpack(final, self.pulled, HEADER))

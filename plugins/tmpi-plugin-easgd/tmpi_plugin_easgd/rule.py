@@ -86,30 +86,31 @@ class EASGD(Rule):
 
     def __init__(self, session, **options):
         super().__init__(session, **options)
-        if self.mode == "sync" and self.alpha * self.size > 1:
+        # (a rounding margin: alpha = 1 / N itself is fine)
+        if self.mode == "sync" and self.alpha * self.size > 1 + 1e-9:
             raise ConfigError(
                 "easgd: alpha=%g on %d ranks moves the center by beta = N * alpha = %g of "
                 "the gap to the workers' mean per exchange, past the mean. Choose "
                 "alpha <= %g (the paper uses beta = 0.9, the default alpha = 0.9 / N)."
                 % (self.alpha, self.size, self.alpha * self.size, 1.0 / self.size))
-        self._centers = {}
+        self._elastic = {}
         self._restored = {}
         #: Elastic exchanges this rank took part in (answered ones, in async mode).
         self.exchanges_done = 0
 
     # -- the Rule interface --------------------------------------------------
     def start(self, model):
-        kind = AsyncCenter if self.mode == "async" and self.size > 1 else SyncCenter
-        center = kind(self, model, BASE_TAG + 2 * len(self._centers))
-        if model.name in self._restored and center.holds_center:
-            center.center = [np.array(a, copy=True) for a in self._restored[model.name]]
-        self._centers[model] = center
+        kind = ElasticAsync if self.mode == "async" and self.size > 1 else ElasticSync
+        elastic = kind(self, model, BASE_TAG + 2 * len(self._elastic))
+        if model.name in self._restored and elastic.holds_center:
+            elastic.center = [np.array(a, copy=True) for a in self._restored[model.name]]
+        self._elastic[model] = elastic
 
     def after_step(self, model, samples):
-        center = self._centers[model]
-        center.poll()
+        elastic = self._elastic[model]
+        elastic.poll()
         if model.step % self.tau == 0:
-            center.exchange()
+            elastic.exchange()
 
     def poll(self, model):
         """Handle what has arrived for ``model`` without waiting.
@@ -118,7 +119,7 @@ class EASGD(Rule):
         incoming pushes, a worker's answer.  :meth:`after_step` does this after
         every step.  Returns the number of messages handled.
         """
-        return self._centers[model].poll()
+        return self._elastic[model].poll()
 
     def finish(self, model):
         """Drain every exchange, then give every rank the center variable.
@@ -128,25 +129,25 @@ class EASGD(Rule):
         keeps answering pushes until every worker is done (workers that train
         longer keep exchanging meanwhile), then sends each the center.
         """
-        center = self._centers[model]
-        if not center.finished:
-            center.finish()
-            center.finished = True
+        elastic = self._elastic[model]
+        if not elastic.finished:
+            elastic.finish()
+            elastic.finished = True
 
     def state_dict(self):
         """The center variable of each model (on the ranks that hold it)."""
-        return {"center": {model.name: [np.array(a, copy=True) for a in c.center]
-                           for model, c in self._centers.items() if c.holds_center},
+        return {"center": {model.name: [np.array(a, copy=True) for a in e.center]
+                           for model, e in self._elastic.items() if e.holds_center},
                 "exchanges": self.exchanges_done}
 
     def load_state_dict(self, state):
         self._restored = dict(state.get("center", {}))
-        for model, center in self._centers.items():
-            if model.name in self._restored and center.holds_center:
-                center.center = [np.array(a, copy=True) for a in self._restored[model.name]]
+        for model, elastic in self._elastic.items():
+            if model.name in self._restored and elastic.holds_center:
+                elastic.center = [np.array(a, copy=True) for a in self._restored[model.name]]
 
 
-class SyncCenter:
+class ElasticSync:
     """Synchronous EASGD for one model: every rank holds the same center."""
 
     holds_center = True
@@ -177,7 +178,7 @@ class SyncCenter:
         write_values(self.variables, [np.array(c, copy=True) for c in self.center])
 
 
-class AsyncCenter:
+class ElasticAsync:
     """Asynchronous EASGD for one model: rank 0 holds the center.
 
     Workers (ranks other than 0) have at most one exchange in flight: a push
@@ -192,7 +193,7 @@ class AsyncCenter:
         self.up, self.down = tag, tag + 1
         values = read_values(self.variables)
         self.dtype = np.result_type(*[np.asarray(v).dtype for v in values])
-        self.size = flat_size(values)
+        self.length = flat_size(values)  # elements in one whole-model message
         self.holds_center = rule.rank == HOLDER
         self.center = [np.array(a, copy=True) for a in values] if self.holds_center else []
         self.sends = []          # (request, buffer) until each send completes
@@ -200,14 +201,14 @@ class AsyncCenter:
         self.done = set()        # workers that have finished (holder)
         self.pending = None      # the answer a worker waits for
         self.due = False         # an exchange fell due while one was in flight
-        self.inbox = np.empty(HEADER + self.size, dtype=self.dtype)
+        self.inbox = np.empty(HEADER + self.length, dtype=self.dtype)
         self.receive = None
         if self.holds_center:
             self._listen()
 
     # -- both sides ------------------------------------------------------------
     def _message(self, kind, arrays=None):
-        message = np.zeros(HEADER + (self.size if arrays is not None else 0), dtype=self.dtype)
+        message = np.zeros(HEADER + (self.length if arrays is not None else 0), dtype=self.dtype)
         message[0] = kind
         if arrays is not None:
             pack(arrays, message, HEADER)
@@ -300,7 +301,7 @@ class AsyncCenter:
     # -- a worker ---------------------------------------------------------------------
     def _push(self):
         self._send(self._message(PUSH, read_values(self.variables)), HOLDER, self.up)
-        answer = np.empty(HEADER + self.size, dtype=self.dtype)
+        answer = np.empty(HEADER + self.length, dtype=self.dtype)
         self.pending = (self.exchanger.irecv(answer, HOLDER, self.down), answer)
 
     def _answered(self):
@@ -321,7 +322,7 @@ class AsyncCenter:
             self.pending[0].wait()
             self._answered()
         self._send(self._message(DONE), HOLDER, self.up)
-        final = np.empty(HEADER + self.size, dtype=self.dtype)
+        final = np.empty(HEADER + self.length, dtype=self.dtype)
         self.exchanger.irecv(final, HOLDER, self.down).wait()
         self._flush_sends()
         write_values(self.variables, unpack(final, read_values(self.variables), HEADER))

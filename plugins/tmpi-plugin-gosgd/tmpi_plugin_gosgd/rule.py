@@ -67,7 +67,7 @@ class GoSGD(Rule):
                                                "a random peer after a step (the paper's p)",
                                    probability),
         "final_average": Knob(boolean, True, "end with the sum-weighted average of all "
-                                                "ranks' models on every rank"),
+                                             "ranks' models on every rank"),
     }
 
     def __init__(self, session, **options):
@@ -167,8 +167,8 @@ class _Gossip:
         self.weight = 1.0 / rule.size
         values = read_values(self.variables)
         self.dtype = np.result_type(*[np.asarray(v).dtype for v in values])
-        self.size = flat_size(values)
-        self.inbox = np.empty(HEADER + self.size, dtype=self.dtype)
+        self.length = flat_size(values)  # elements in one whole-model message
+        self.inbox = np.empty(HEADER + self.length, dtype=self.dtype)
         self.receive = None
         self.sends = []
         self.done = set()
@@ -211,7 +211,7 @@ class _Gossip:
         if len(self.sends) >= MAX_PENDING_SENDS:
             self.rule.skipped += 1
             return None
-        message = np.empty(HEADER + self.size, dtype=self.dtype)
+        message = np.empty(HEADER + self.length, dtype=self.dtype)
         message[0] = GOSSIP
         # The weight travels in the message's dtype: keep exactly what was
         # not sent, so the weights of all ranks still add up to 1.

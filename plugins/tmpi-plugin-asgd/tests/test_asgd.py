@@ -69,7 +69,8 @@ def train_mlp(n, *rule_options, rule="asgd"):
 def test_push_pull_rounds_match_hand_computation():
     # 3 ranks, tau 2: updates accumulate over two steps before each push; the
     # parameters of every rank and the global ones after every step, then the
-    # last pushes at the end.
+    # last pushes at the end; after step 2 the accumulated updates and global
+    # parameters go through state_dict()/load_state_dict().
     stdout = succeeded(run(BIN / "mpiexec", "-n", "3", sys.executable, DRIVER, "rounds"))
     assert "asgd rounds OK on 3 ranks" in stdout
 

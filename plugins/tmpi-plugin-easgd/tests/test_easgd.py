@@ -69,7 +69,8 @@ def train_mlp(n, *rule_options):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_exchange_rounds_match_hand_computation(mode):
     # 3 ranks, alpha 0.25, tau 2: one exchange after step 2, several by the
-    # end; parameters and the center after every step, then the final center.
+    # end; parameters and the center after every step, then the final center;
+    # after step 2 the center goes through state_dict()/load_state_dict().
     stdout = succeeded(run(BIN / "mpiexec", "-n", "3", sys.executable, DRIVER, mode))
     assert "easgd %s OK on 3 ranks" % mode in stdout
 

@@ -66,7 +66,8 @@ def train_mlp(n, *rule_options):
 @pytest.mark.mpi
 def test_gossip_rounds_match_hand_computation():
     # 3 ranks, p = 0.5, 4 steps: pushes and skipped pushes both happen; each
-    # step's parameters and sum-weights, then the final average, are checked.
+    # step's parameters and sum-weights, then the final average, are checked;
+    # half-way the state goes through state_dict()/load_state_dict().
     stdout = succeeded(run(BIN / "mpiexec", "-n", "3", sys.executable, DRIVER, "rounds"))
     assert "gosgd rounds OK on 3 ranks" in stdout
 

@@ -5,7 +5,9 @@
     global parameters, trains first, then each worker in turn trains, pushes
     its accumulated update and waits for the fresh parameters.  After every
     step each rank compares its parameters (and rank 0 the global ones) with
-    a numpy re-computation of the pushes and pulls in that order.
+    a numpy re-computation of the pushes and pulls in that order.  After
+    step 2 the state goes through a pickled ``state_dict()``, changed, and
+    back.
 ``mpiexec -n 3 python asgd_driver.py uneven``
     Free-running, rank r takes 3 + 3 r steps.  Downpour applies every local
     step to the global parameters exactly once, so at the end every rank must
@@ -16,6 +18,7 @@
 Rank 0 prints ``asgd <mode> OK`` when everything held.
 """
 import os
+import pickle
 import sys
 import time
 import warnings
@@ -122,6 +125,17 @@ def rounds(session, steps=5):
         if rank == 0:
             state = rule.state_dict()["models"][model.name]
             check(np.append(*state["center"]), center, "global parameters after step %d" % step)
+        if step == 2:
+            # A checkpoint's round trip, changed on the way: the rule must go
+            # on with the accumulated updates and global parameters loaded.
+            state = pickle.loads(pickle.dumps(rule.state_dict()))
+            entry = state["models"][model.name]
+            entry["accumulated"] = [a + 0.1 for a in entry["accumulated"]]
+            if "center" in entry:
+                entry["center"] = [c + 0.5 for c in entry["center"]]
+            rule.load_state_dict(state)
+            pulled = [p - 0.1 for p in pulled]
+            center = center + 0.5
     session.finish()
     # The last pushes: rank 0's own, then the workers' (any order: a sum).
     center = center + scale * sum(xr - pr for xr, pr in zip(workers, pulled))

@@ -4,7 +4,8 @@
     Synchronous EASGD (alpha 0.25, tau 2): after every step each rank
     compares its parameters with a numpy re-computation of all ranks'
     gradient steps and elastic exchanges (the paper's equations 5 and 6);
-    at the end every rank must hold the center.
+    at the end every rank must hold the center.  After step 2 the state goes
+    through a pickled ``state_dict()`` with the center moved, and back.
 ``mpiexec -n 3 python easgd_driver.py async``
     Asynchronous EASGD, made deterministic for checking: in each step rank 0
     (the center's holder) trains first, then each worker in turn trains,
@@ -19,6 +20,7 @@
 Rank 0 prints ``easgd <mode> OK`` when everything held.
 """
 import os
+import pickle
 import sys
 import time
 import warnings
@@ -100,6 +102,15 @@ def check(actual, expected, what, rtol=1e-10):
         raise AssertionError("%s: got %r, expected %r" % (what, actual, expected))
 
 
+def restore_with_center_moved(rule):
+    """A checkpoint's round trip with the center moved by 0.5 on the way: the
+    rule must go on with what was loaded."""
+    state = pickle.loads(pickle.dumps(rule.state_dict()))
+    for arrays in state["center"].values():  # only where the center is held
+        arrays[:] = [a + 0.5 for a in arrays]
+    rule.load_state_dict(state)
+
+
 def sync_rounds(session, steps=6):
     rank, size = session.rank, session.size
     train, w, b = build_model()
@@ -116,6 +127,9 @@ def sync_rounds(session, steps=6):
         if rank == 0:
             check(session.rule.state_dict()["center"][train.model.name][0], center[:3],
                   "the center's w after step %d" % step)
+        if step == 2:
+            restore_with_center_moved(session.rule)
+            center = center + 0.5
     session.finish()
     check(flat(w, b), center, "rank %d final parameters (the center)" % rank)
 
@@ -145,6 +159,9 @@ def async_rounds(session, steps=5):
         if rank == 0:
             check(np.append(*rule.state_dict()["center"][model.name]), center,
                   "the center after step %d" % step)
+        if step == 2:
+            restore_with_center_moved(session.rule)
+            center = center + 0.5
     session.finish()
     check(flat(w, b), center, "rank %d final parameters (the center)" % rank)
 

@@ -6,7 +6,9 @@
     before the next rank trains.  After every step each rank compares its
     parameters and sum-weight with a numpy re-computation of all ranks'
     gradient steps, halvings and mixes; after the end of training, the final
-    sum-weighted average.
+    sum-weighted average.  Half-way, each rank's state goes through a pickled
+    ``state_dict()`` with its weight changed, and back through
+    ``load_state_dict()``.
 ``mpiexec -n 3 python gosgd_driver.py uneven``
     Free-running, rank r takes 3 + 3 r steps.  Gossip preserves
     ``sum_r w_r`` and ``sum_r w_r x_r``, so at the end the weights still add
@@ -17,6 +19,7 @@
 Rank 0 prints ``gosgd <mode> OK`` when everything held.
 """
 import os
+import pickle
 import sys
 import time
 import warnings
@@ -125,6 +128,13 @@ def rounds(session, steps=4):
         check(flat(w, b), sim_x[rank], "rank %d parameters after step %d" % (rank, step + 1))
         check(rule.state_dict()["weights"][model.name], sim_w[rank],
               "rank %d sum-weight after step %d" % (rank, step + 1))
+        if step + 1 == 2:
+            # A checkpoint's round trip, each rank's weight changed on the way:
+            # the rule must go on with what was loaded.
+            state = pickle.loads(pickle.dumps(rule.state_dict()))
+            state["weights"][model.name] *= 1 + rank
+            rule.load_state_dict(state)
+            sim_w = [wr * (1 + r) for r, wr in enumerate(sim_w)]
     assert 0 < pushes < steps * size, "pushes %d of %d: choose another seed" % (
         pushes, steps * size)
     session.finish()

@@ -19,7 +19,7 @@ default ``alpha = 0.9 / size``.
     All ranks exchange together: one allreduce of the parameters every
     ``tau`` steps gives every rank the sum of the elastic forces, so each
     rank keeps an identical copy of the center (the paper's synchronous
-    EASGD, equations 5 and 6).
+    EASGD).
 ``mode=async``
     Rank 0 holds the center.  Every ``tau`` of its steps a worker sends its
     parameters to rank 0 and trains on; rank 0 answers with the elastic
@@ -163,7 +163,8 @@ class ElasticSync:
         return 0
 
     def exchange(self):
-        """Equations 5 and 6 of the paper, from one allreduce of the parameters."""
+        """The synchronous elastic update of every worker and the center, from one
+        allreduce of the parameters."""
         rule = self.rule
         workers = read_values(self.variables)
         total = rule.exchanger.allreduce(workers, op="sum")

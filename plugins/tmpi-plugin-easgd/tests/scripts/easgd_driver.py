@@ -3,7 +3,7 @@
 ``mpiexec -n 3 python easgd_driver.py sync``
     Synchronous EASGD (alpha 0.25, tau 2): after every step each rank
     compares its parameters with a numpy re-computation of all ranks'
-    gradient steps and elastic exchanges (the paper's equations 5 and 6);
+    gradient steps and elastic exchanges (the paper's synchronous updates);
     at the end every rank must hold the center.  After step 2 the state goes
     through a pickled ``state_dict()`` with the center moved, and back.
 ``mpiexec -n 3 python easgd_driver.py async``

@@ -4,6 +4,12 @@ A rule is a class registered through the ``tmpi_rules`` hook.  It sees only
 the :class:`~tmpi_adapters.exchanger.Exchanger` (never MPI) and the
 :class:`~tmpi_adapters.protocol.ModelProtocol` of each training function.
 """
+import os
+import time
+
+import numpy as np
+
+from ..errors import StallError
 from ..options import resolve_knobs
 from ..protocol import read_values, write_values
 
@@ -73,3 +79,84 @@ class Rule:
             return
         arrays = read_values(variables)
         write_values(variables, self.exchanger.allreduce(arrays, op="mean", weight=weight))
+
+    # helpers for asynchronous rules ----------------------------------------
+    def wait_until(self, condition, what, timeout=None):
+        """Poll ``condition()`` until it returns true, leaving the core to others.
+
+        Asynchronous rules wait on several messages at once this way (for
+        instance in a termination protocol): ``condition`` tests their
+        requests, handles what has arrived and says whether the wait is over.
+
+        Parameters
+        ----------
+        condition : callable
+            ``condition() -> bool``; called until it returns true.
+        what : str or callable
+            Names what is awaited in the stall report (a callable is asked only
+            when a stall is reported, so it can name the ranks still missing).
+        timeout : float, optional
+            Seconds before a stall is reported; the exchanger's stall timeout
+            by default (``None`` there: wait forever).
+
+        Raises
+        ------
+        tmpi_adapters.errors.StallError
+            When ``timeout`` passes and no stall handler of the exchanger
+            chooses to keep waiting.
+        """
+        timeout = self.exchanger.timeout if timeout is None else timeout
+        start = time.perf_counter()
+        spins = 0
+        while not condition():
+            spins += 1
+            if spins < 200:
+                os.sched_yield()
+            else:
+                # Ranks may share cores (oversubscribed runs): a sleeping
+                # waiter lets the rank it waits for run.
+                time.sleep(min(1e-3, 1e-5 * (spins - 199)))
+            waited = time.perf_counter() - start
+            if timeout is not None and waited > timeout:
+                self._stalled(what() if callable(what) else what, waited)
+                start, spins = time.perf_counter(), 0
+
+    def _stalled(self, what, waited):
+        report = getattr(self.exchanger, "stalled", None)
+        if report is not None:
+            return report(what, waited)
+        raise StallError("rank %d waited %.0f s in %s." % (self.rank, waited, what))
+
+
+def flat_size(arrays):
+    """Total number of elements of ``arrays``."""
+    return sum(int(np.size(a)) for a in arrays)
+
+
+def pack(arrays, out, offset=0):
+    """Copy ``arrays`` one after another into the flat buffer ``out`` from ``offset``.
+
+    Asynchronous rules send a whole model as one contiguous message; this is
+    the one copy in.  Returns ``out``.
+    """
+    pos = offset
+    for a in arrays:
+        n = int(np.size(a))
+        out[pos:pos + n] = np.reshape(a, -1)
+        pos += n
+    return out
+
+
+def unpack(flat, like, offset=0):
+    """New arrays shaped and typed like ``like``, read from ``flat`` from ``offset``.
+
+    The one copy out of a received message; the arrays can be handed to
+    :func:`~tmpi_adapters.protocol.write_values`.
+    """
+    arrays, pos = [], offset
+    for a in like:
+        n = int(np.size(a))
+        arrays.append(np.array(flat[pos:pos + n], dtype=np.asarray(a).dtype)
+                      .reshape(np.shape(a)))
+        pos += n
+    return arrays

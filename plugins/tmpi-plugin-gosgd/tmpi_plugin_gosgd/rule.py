@@ -1,0 +1,256 @@
+"""GoSGD: gossip stochastic gradient descent.
+
+Blot, Picard, Cord and Thome, "Gossip training for deep learning", 2016
+(arXiv:1611.09726).
+
+Every rank trains its own copy of the model and holds a *sum-weight*
+``w`` (``1/size`` at the start, so the weights of all ranks add up to 1).
+After each of its steps a rank, with probability ``gossip_probability``,
+halves its weight and pushes its parameters with that half to one peer drawn
+at random.  A receiver mixes what arrives by sum-weights::
+
+    x_r <- (w_r * x_r + w_s * x_s) / (w_r + w_s)
+    w_r <- w_r + w_s
+
+Both moves keep ``sum_r w_r`` and ``sum_r w_r * x_r`` unchanged, so only the
+gradient steps move the weighted average of the ranks' models: gossip spreads
+information without biasing it.
+
+No rank ever waits for another while training.  Sends are non-blocking and
+each rank keeps one receive posted for its peers' messages (all of them on
+one tag of the one communicator), which it handles after every step.
+:meth:`GoSGD.finish` ends the exchange without losing a message (see there).
+"""
+import numpy as np
+
+from tmpi_adapters.exchanger import ANY_SOURCE
+from tmpi_adapters.options import Knob, parse_bool, probability
+from tmpi_adapters.protocol import read_values, write_values
+from tmpi_adapters.rules import Rule, flat_size, pack, unpack
+
+#: What a message is, carried in its first element.
+GOSSIP, DONE = 1.0, 2.0
+#: Elements before the parameters: kind, sum-weight.
+HEADER = 2
+#: Tag of the first model's messages; each further model uses the next tag.
+#: One tag per model keeps every message of a sender in the order it was sent.
+BASE_TAG = 21000
+#: Unfinished sends a rank may have before it skips a gossip round: a peer
+#: that is busy elsewhere must never make a training rank wait.
+MAX_PENDING_SENDS = 4
+
+
+def boolean(text):
+    """``true``/``false`` (or yes/no, on/off, 1/0); named for error messages."""
+    return parse_bool(text)
+
+
+class GoSGD(Rule):
+    """Gossip SGD: random pairwise pushes mixed by sum-weights, no global barrier.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.session.Session
+    gossip_probability : float
+        Probability that a rank pushes its model to a random peer after one
+        of its steps (the paper's ``p``).
+    final_average : bool
+        When training ends, replace every rank's model by the sum-weighted
+        average of all of them (one collective), so all ranks hold the same
+        model.  ``False`` leaves each rank with its own.
+    """
+
+    name = "gosgd"
+    exchanges = "parameters"
+    knobs = {
+        "gossip_probability": Knob(float, 0.1, "probability that a rank pushes its model to "
+                                               "a random peer after a step (the paper's p)",
+                                   probability),
+        "final_average": Knob(boolean, True, "end with the sum-weighted average of all "
+                                             "ranks' models on every rank"),
+    }
+
+    def __init__(self, session, **options):
+        super().__init__(session, **options)
+        self._gossips = {}
+        self._restored = {}
+        self._rng = None
+        #: Messages pushed, mixed in, and gossip rounds skipped because
+        #: :data:`MAX_PENDING_SENDS` sends were still unfinished.
+        self.sent = self.received = self.skipped = 0
+        #: The peer this rank pushed to after its latest step (``None``: none).
+        self.last_peer = None
+
+    # -- the Rule interface --------------------------------------------------
+    def start(self, model):
+        if self._rng is None:
+            # A stream of its own per rank: the peers differ between ranks, and
+            # the user's numpy generator (identical on every rank) is left alone.
+            self._rng = np.random.default_rng([getattr(self.session, "seed", 0) or 0,
+                                               self.rank])
+        gossip = _Gossip(self, model, BASE_TAG + len(self._gossips))
+        if model.name in self._restored:
+            gossip.weight = self._restored[model.name]
+        self._gossips[model] = gossip
+        gossip.listen()
+
+    def after_step(self, model, samples):
+        gossip = self._gossips[model]
+        gossip.handle_arrivals()
+        self.last_peer = None
+        if self.size > 1 and self._rng.random() < self.gossip_probability:
+            self.last_peer = gossip.push(self._random_peer())
+
+    def poll(self, model):
+        """Mix in whatever has arrived for ``model`` without waiting.
+
+        :meth:`after_step` does this after every step; a loop that spends a
+        long time away from training steps may call it to keep its peers'
+        sends moving.  Returns the number of messages handled.
+        """
+        return self._gossips[model].handle_arrivals()
+
+    def finish(self, model):
+        """End the gossip without losing a message, then (optionally) average.
+
+        Termination protocol: every rank sends ``DONE`` to every peer after its
+        last push, then keeps mixing in what arrives until it has a ``DONE``
+        from every peer.  MPI keeps the messages of one sender on one tag in
+        order, so a peer's ``DONE`` comes after all of its gossip: once every
+        ``DONE`` is in, nothing more can arrive.  Ranks that stop early wait
+        for the others here, mixing in their pushes; the wait restarts its
+        stall timeout whenever a message arrives.
+        """
+        gossip = self._gossips[model]
+        if gossip.finished:
+            return
+        gossip.finish()
+        if self.final_average and self.size > 1:
+            gossip.average()
+
+    def state_dict(self):
+        """Each model's sum-weight and this rank's random stream.
+
+        Mixing depends only on the ratio of weights, so ranks restarted from
+        one rank's checkpoint (equal weights everywhere) gossip correctly.
+        """
+        return {
+            "weights": {model.name: g.weight for model, g in self._gossips.items()},
+            "rng": None if self._rng is None else self._rng.bit_generator.state,
+            "counts": {"sent": self.sent, "received": self.received, "skipped": self.skipped},
+        }
+
+    def load_state_dict(self, state):
+        self._restored = dict(state.get("weights", {}))
+        for model, gossip in self._gossips.items():
+            if model.name in self._restored:
+                gossip.weight = self._restored[model.name]
+        if state.get("rng") is not None:
+            self._rng = np.random.default_rng()
+            self._rng.bit_generator.state = state["rng"]
+
+    # -- helpers ---------------------------------------------------------------
+    def _random_peer(self):
+        """A rank other than this one, uniformly."""
+        peer = int(self._rng.integers(self.size - 1))
+        return peer + 1 if peer >= self.rank else peer
+
+
+class _Gossip:
+    """The gossip state of one model on one rank: weight, posted receive, sends."""
+
+    def __init__(self, rule, model, tag):
+        self.rule = rule
+        self.exchanger = rule.exchanger
+        self.variables = model.params + model.model_state
+        self.tag = tag
+        self.weight = 1.0 / rule.size
+        values = read_values(self.variables)
+        self.dtype = np.result_type(*[np.asarray(v).dtype for v in values])
+        self.length = flat_size(values)  # elements in one whole-model message
+        self.inbox = np.empty(HEADER + self.length, dtype=self.dtype)
+        self.receive = None
+        self.sends = []
+        self.done = set()
+        self.finished = False
+
+    def listen(self):
+        """Post the receive that peers' messages land in."""
+        self.receive = self.exchanger.irecv(self.inbox, ANY_SOURCE, self.tag)
+
+    def handle_arrivals(self):
+        """Handle every message that has arrived; returns how many."""
+        handled = 0
+        while self.receive is not None and self.receive.test():
+            source, _ = self.receive.wait()
+            if self.inbox[0] == GOSSIP:
+                self.mix(float(self.inbox[1]), self.inbox[HEADER:])
+            else:
+                self.done.add(source)
+            handled += 1
+            self.listen()
+        return handled
+
+    def mix(self, weight, flat):
+        """Sum-weight mixing of a peer's model into this rank's."""
+        mine = read_values(self.variables)
+        theirs = unpack(flat, mine)
+        total = self.weight + weight
+        mixed = [(self.weight * a + weight * b) / total for a, b in zip(mine, theirs)]
+        write_values(self.variables, [m.astype(a.dtype, copy=False)
+                                      for m, a in zip(mixed, mine)])
+        self.weight = total
+        self.rule.received += 1
+
+    def push(self, peer):
+        """Send half of this rank's weight and its model to ``peer`` (non-blocking).
+
+        Returns ``peer``, or ``None`` when too many sends are still unfinished.
+        """
+        self.sends = [(r, b) for r, b in self.sends if not r.test()]
+        if len(self.sends) >= MAX_PENDING_SENDS:
+            self.rule.skipped += 1
+            return None
+        message = np.empty(HEADER + self.length, dtype=self.dtype)
+        message[0] = GOSSIP
+        # The weight travels in the message's dtype: keep exactly what was
+        # not sent, so the weights of all ranks still add up to 1.
+        message[1] = self.weight / 2
+        self.weight -= float(message[1])
+        pack(read_values(self.variables), message, HEADER)
+        self.sends.append((self.exchanger.isend(message, peer, self.tag), message))
+        self.rule.sent += 1
+        return peer
+
+    def finish(self):
+        """The termination protocol of :meth:`GoSGD.finish`."""
+        rule = self.rule
+        peers = [r for r in range(rule.size) if r != rule.rank]
+        for peer in peers:
+            message = np.zeros(HEADER, dtype=self.dtype)
+            message[0] = DONE
+            self.sends.append((self.exchanger.isend(message, peer, self.tag), message))
+
+        def missing():
+            return "gosgd's end of training: no DONE yet from rank(s) %s" % ", ".join(
+                str(r) for r in peers if r not in self.done)
+
+        while len(self.done) < len(peers):
+            # Each message that arrives restarts the stall timeout: a peer that
+            # still gossips is alive, only slower.
+            rule.wait_until(lambda: self.handle_arrivals() > 0 or len(self.done) == len(peers),
+                            missing)
+        if self.receive is not None:
+            self.receive.cancel()
+            self.receive = None
+        for request, _ in self.sends:
+            request.wait()
+        self.sends = []
+        self.finished = True
+
+    def average(self):
+        """Replace the model by the sum-weighted average over ranks (a collective)."""
+        values = read_values(self.variables)
+        write_values(self.variables,
+                     self.exchanger.allreduce(values, op="mean", weight=self.weight))
+        self.weight = 1.0 / self.rule.size

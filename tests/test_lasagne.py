@@ -18,6 +18,19 @@ def numbers(result):
     return final_numbers(result.stdout, "train") + final_numbers(result.stdout, "norms")
 
 
+def rank_outputs(stdout):
+    """``{rank: text}`` from an --all-ranks-output run.
+
+    Ranks write concurrently, so a line of one rank can be cut by another's
+    prefixed line; every prefix starts a new piece of its rank's text.
+    """
+    pieces = re.split(r"\[rank (\d+)\] ", stdout)
+    texts = {}
+    for rank, piece in zip(pieces[1::2], pieces[2::2]):
+        texts.setdefault(int(rank), []).append(piece.rstrip("\n"))
+    return {rank: "\n".join(parts) + "\n" for rank, parts in texts.items()}
+
+
 def decorated_copy(directory):
     """The MNIST-style script with the two lines a user adds (tmpi imported
     before Lasagne, whose 0.1 release needs tmpi's Theano 1.0 shim)."""
@@ -114,3 +127,20 @@ def test_missing_lasagne_says_what_to_install(tmp_path):
     assert re.search(r"--framework lasagne needs Lasagne.*pip install lasagne==0.1",
                      result.stderr), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def lasagne_version():
+    from importlib.metadata import version
+    return tuple(int(p) for p in re.findall(r"\d+", version("Lasagne"))[:2])
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(lasagne_version() < (0, 2),
+                    reason="BatchNormLayer arrived after Lasagne 0.1 (PyPI has only 0.1)")
+def test_batchnorm_statistics_stay_identical_on_every_rank():
+    result = check(tmpi("wrap", "-n", "2", "--all-ranks-output",
+                        SCRIPTS / "lasagne_batchnorm.py"))
+    outputs = rank_outputs(result.stdout)
+    # Each rank normalises with its own rows; the running averages (model
+    # state) are averaged after every step, so all parameters agree exactly.
+    assert final_numbers(outputs[0], "norms") == final_numbers(outputs[1], "norms")

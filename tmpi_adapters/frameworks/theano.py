@@ -79,6 +79,10 @@ class TheanoAdapter(FrameworkAdapter):
 
     name = "theano"
 
+    #: what training functions are returned as: a :class:`DistributedFunction`
+    #: subclass, or ``None`` for :class:`DistributedFunction` itself
+    function_class = None
+
     def __init__(self, session):
         super().__init__(session)
         self.functions = []
@@ -200,8 +204,28 @@ class TheanoAdapter(FrameworkAdapter):
         inputs = arguments.pop("inputs")
         return (inputs,), arguments
 
+    def make_model(self, key, params, optimizer_state, model_state, graph, data):
+        """The :class:`~tmpi_adapters.protocol.ModelProtocol` of a training function.
+
+        Framework adapters that know more about the model than the graph shows
+        override this to refine the generic analysis.
+
+        Parameters
+        ----------
+        key : str
+            The function's name in messages.
+        params, optimizer_state, model_state : list of SharedVariable
+            What the generic analysis of the updates found.
+        graph : list of Variable
+            The function's outputs and update expressions (gradients still marked).
+        data : set of Variable
+            The variables that carry the batch (inputs and ``givens`` targets).
+        """
+        return ModelProtocol(params, optimizer_state, model_state, name=key)
+
     def _training_function(self, bound, output_list, rebuild_outputs, update_pairs, updates,
                            markers, params):
+        import theano
         from ..ops import FusedAllreduce
         session = self.session
         arguments = bound.arguments
@@ -255,9 +279,12 @@ class TheanoAdapter(FrameworkAdapter):
             bounds_fn = self._original_function(
                 inputs, [v for s in sliced for v in (s.start, s.stop, s.length)],
                 on_unused_input="ignore", allow_input_downcast=True)
-        model = ModelProtocol(params, optimizer_state, model_state, name=key)
-        function = DistributedFunction(self, compiled, model, sliced, bounds_fn,
-                                       single_output=rebuild_outputs.single)
+        graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
+        graph += [expr for _, expr in update_pairs]
+        model = self.make_model(key, params, optimizer_state, model_state, graph, data)
+        function_class = self.function_class or DistributedFunction
+        function = function_class(self, compiled, model, sliced, bounds_fn,
+                                  single_output=rebuild_outputs.single)
         model.train_fn = function
         session.register_model(model)
         self.functions.append(function)

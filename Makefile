@@ -18,7 +18,7 @@ install: $(STAMP)
 # code changes without it.
 $(STAMP): setup.py pyproject.toml constraints.txt Makefile $(wildcard plugins/*/setup.py)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --disable-pip-version-check -c constraints.txt \
+	$(PIP) install --quiet --disable-pip-version-check -c constraints.txt wheel \
 		-e ".[$(EXTRAS)]" $(addprefix -e ,$(PLUGINS))
 	touch $(STAMP)
 

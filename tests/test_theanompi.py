@@ -23,10 +23,23 @@ def test_launch_session_cfg_trains_and_reports_once():
 
 
 @pytest.mark.mpi
-def test_python_api_mirrors_theano_mpi():
-    result = check(in_project(sys.executable, "launch_session.py"))
+@pytest.mark.parametrize("rule", ["bsp", "easgd"])
+def test_python_api_mirrors_theano_mpi(rule):
+    result = check(in_project(sys.executable, "launch_session.py", rule))
+    assert "rule %s" % rule in result.stdout
     assert result.stdout.count("final val_cost") == 1
-    assert final_numbers(result.stdout, "val_cost")[1] < 0.08
+    assert result.stdout.count("epoch 6/6") == 1
+    assert final_numbers(result.stdout, "val_cost")[1] < 0.1
+
+
+@pytest.mark.mpi
+def test_easgd_from_a_launch_session_cfg(tmp_path):
+    config = tmp_path / "launch_session.cfg"
+    config.write_text("RULE=EASGD\nMODELFILE=models.mlp\nMODELCLASS=MLP\nDEVICES=cuda0,cuda1\n")
+    result = check(in_project(sys.executable, "-m", "tmpi_adapters.cli", "run", "--config",
+                              config))
+    assert "rule easgd" in result.stdout and result.stdout.count("epoch 1/6") == 1
+    assert final_numbers(result.stdout, "val_cost")[1] < 0.1
 
 
 @pytest.mark.mpi

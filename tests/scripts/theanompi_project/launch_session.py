@@ -3,6 +3,6 @@ import sys
 
 from tmpi_adapters import BSP, EASGD
 
-rule = EASGD() if len(sys.argv) > 1 and sys.argv[1] == "easgd" else BSP()
+rule = EASGD() if sys.argv[1:] == ["easgd"] else BSP()
 rule.init(devices=["cpu0", "cpu1"], modelfile="models.mlp", modelclass="MLP")
 rule.wait()

@@ -256,6 +256,9 @@ class TheanoAdapter(FrameworkAdapter):
                 inputs, [v for s in sliced for v in (s.start, s.stop, s.length)],
                 on_unused_input="ignore", allow_input_downcast=True)
         model = ModelProtocol(params, optimizer_state, model_state, name=key)
+        # Names for the recorder's loss/accuracy curves (None where unnamed).
+        model.output_names = [getattr(getattr(o, "variable", o), "name", None)
+                              for o in output_list]
         function = DistributedFunction(self, compiled, model, sliced, bounds_fn,
                                        single_output=rebuild_outputs.single)
         model.train_fn = function
@@ -412,7 +415,7 @@ class DistributedFunction:
             if self._kinds is None:
                 self._kinds = session.output_kinds(values, rows)
             values = session.reduce_outputs(values, weight, self._kinds)
-        session.end_step(self.model, weight)
+        session.end_step(self.model, weight, outputs=values)
         if self.single_output:
             result = values[0]
         elif isinstance(outputs, tuple):

@@ -43,6 +43,8 @@ ALGORITHM_ENV = "TMPI_ALLREDUCE_ALGORITHM"
 #: From this many bytes a bucket is reduced as reduce-scatter + allgather
 #: (measured crossover with MPICH on shared memory: 256 KiB - 1 MiB).
 RSAG_MIN_BYTES = 512 * 1024
+#: Seconds a wait polls without yielding the core (see :class:`_Poller`).
+SPIN_SECONDS = 50e-6
 #: Array signatures whose buffers are kept between calls.
 _MAX_PLANS = 32
 
@@ -56,24 +58,40 @@ def split_counts(n, size):
 class _Poller:
     """Waits on MPI requests without hogging a core, with a deadline.
 
-    ``patient`` waits (where a slow rank may keep us for long) back off to
-    short sleeps after a few thousand polls.  Waits that follow a
-    synchronisation point keep polling: MPI only progresses a transfer while
-    it is polled, so sleeping there would slow every large transfer down.
+    ``patient`` waits (synchronisation points, where a slow rank may keep us
+    for long) first poll flat out for :data:`SPIN_SECONDS` (a collective whose
+    ranks have all arrived completes in microseconds, and giving the core
+    away costs a scheduler time slice), then yield the core between polls,
+    then back off to short sleeps.  Other waits follow a synchronisation
+    point, so every rank is there: they poll without pause, because MPI
+    progresses a transfer only while it is polled.  With more ranks than
+    cores every wait yields: the rank being waited for needs the core.
     """
 
     def __init__(self, exchanger):
         self.exchanger = exchanger
+        self.oversubscribed = exchanger.size > (os.cpu_count() or 1)
 
     def wait(self, test, what, timeout, patient=True):
         if test():
             return
         start = time.perf_counter()
+        if not self.oversubscribed:
+            spin_until = start + (SPIN_SECONDS if patient else float("inf"))
+            deadline = float("inf") if timeout is None else start + timeout
+            polls = 0
+            while time.perf_counter() < spin_until:
+                if test():
+                    return
+                polls += 1
+                if polls % 256 == 0 and time.perf_counter() > deadline:
+                    self.exchanger.stalled(what, time.perf_counter() - start)
+                    deadline = float("inf")  # a handler that returns keeps waiting
         deadline = None if timeout is None else start + timeout
         spins = 0
         while not test():
             spins += 1
-            if not patient or spins < 2000:
+            if spins < 2000:
                 os.sched_yield()
             else:
                 # Past a few ms nobody is waiting on latency; let co-located
@@ -183,7 +201,7 @@ class MPIExchanger(Exchanger):
             raise ConfigError("unknown allreduce algorithm %r (%s); choose one of %s"
                               % (algorithm, ALGORITHM_ENV, ", ".join(ALGORITHMS)))
         self.algorithm = algorithm
-        self._poller = _Poller(self)
+        self._poller = _Poller(self)  # after rank/size: it looks at both
         self._buffers = {}
         self._plans = {}
         self.stall_handler = None
@@ -258,6 +276,8 @@ class MPIExchanger(Exchanger):
             raise ConfigError("a weight only makes sense with op='mean'")
         arrays = [np.asarray(a) for a in arrays]
         if self.size == 1:
+            if weight is not None:
+                self.stats.last_total_weight = float(weight)
             return self._single_rank(arrays, out)
         plan = self._plan(arrays, precision)
         factor = self._scale(op, weight, sum(g.wire.nbytes for g in plan.groups))

@@ -43,6 +43,7 @@ def test_bench_quick_runs_and_writes_json(tmp_path):
     scaling = data["scaling"]
     assert set(scaling["samples_per_s"]) == {"1", "2"} and finite(scaling["speedup"])
     assert set(scaling["split_s"]) == {"compute_s", "comm_s", "wait_s"}
+    assert finite(scaling["ceiling"]) and finite(data["scaling_efficiency"])
     assert set(data["processes"]["step_median_s"]) == {"unwrapped", "1", "2"}
     assert finite(data["overhead"]["overhead"])
 

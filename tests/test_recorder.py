@@ -8,7 +8,7 @@ from conftest import EXAMPLES, check, tmpi
 
 MLP = EXAMPLES / "theano_mlp" / "train.py"
 STEP_KEYS = {"type", "model", "step", "time_s", "compute_s", "comm_s", "wait_s", "data_s",
-             "samples", "samples_per_s", "wire_bytes", "outputs"}
+             "samples", "samples_per_s", "transfer_s", "wire_bytes", "outputs"}
 
 
 def read_records(path):

@@ -236,7 +236,10 @@ def headline(results, ranks):
             if key in ratios:
                 top[key] = ratios[key]
     if results.get("scaling"):
-        top["speedup_%d_ranks" % ranks] = results["scaling"]["speedup"]
+        scaling = results["scaling"]
+        top["speedup_%d_ranks" % ranks] = scaling["speedup"]
+        top["speedup_ceiling_%d_ranks" % ranks] = scaling["ceiling"]
+        top["scaling_efficiency"] = scaling["efficiency"]
     if results.get("overhead"):
         top["overhead_1_rank"] = results["overhead"]["overhead"]
     if results.get("processes"):
@@ -293,12 +296,15 @@ def format_table(results):
     if scaling:
         n, batch = str(scaling["ranks"]), scaling["batch_size_per_rank"]
         split = scaling["split_s"]
-        for key, label in (("1", "1 rank, plain (paired with the next)"),
-                           (n, "tmpi BSP, %s ranks x %d samples" % (n, batch))):
+        steps = scaling["step_median_s"]
+        for key, label, ranks in (
+                ("1", "1 rank, plain (taking turns with the next two)", 1),
+                ("independent", "%s ranks, plain, nothing exchanged (the ceiling)" % n, int(n)),
+                (n, "tmpi BSP, %s ranks x %d samples" % (n, batch), int(n))):
             per = ("%s ms" % " / ".join("%.1f" % (split[p] * 1e3) for p in
                                         ("compute_s", "comm_s", "wait_s"))) if key == n else ""
             rows.append("| %s | %.1f ms | %.0f | %s |" % (
-                label, scaling["step_median_s"][key] * 1e3, scaling["samples_per_s"][key], per))
+                label, steps[key] * 1e3, ranks * batch / steps[key], per))
     processes = results.get("processes")
     if processes:
         n = str(processes["ranks"])

@@ -196,39 +196,45 @@ def measure(cases, comm, repetitions):
 
 
 def summarize(samples, wire, nbytes, size, ring_step_s):
-    """Medians, ratios and floors of one run (seconds)."""
+    """Medians, ratios and floors of one run (seconds).
+
+    The bandwidth is one ring step's: ``bytes / N`` sent while as many are
+    received.  A ring allreduce takes ``2(N-1)`` such steps, its floor.
+    """
     median = {name: statistics.median(values) for name, values in samples.items()}
     wire_median = {name: statistics.median(v) for name, v in wire.items() if v}
     bandwidth = (nbytes / size) / ring_step_s if ring_step_s > 0 else None
     floor = 2.0 * (size - 1) * ring_step_s
-    result = {
+    def ratio(a, b, table=samples):
+        # Per repetition, then the median: the cases of one repetition ran
+        # back to back, under the same load.
+        return statistics.median(x / y for x, y in zip(table[a], table[b]))
+
+    ratios = {
+        "fused_over_raw_allreduce": ratio("fused", "raw_allreduce"),
+        "fused_over_raw_allreduce_in_place": ratio("fused", "raw_allreduce_in_place"),
+        "fused_mpi_algorithm_over_raw_allreduce": ratio("fused_mpi_algorithm",
+                                                        "raw_allreduce"),
+        "per_parameter_over_fused": ratio("per_parameter", "fused"),
+        "fp16_over_fp32": ratio("fused_fp16", "fused"),
+        "bf16_over_fp32": ratio("fused_bf16", "fused"),
+        "fused_over_ring_floor": median["fused"] / floor if floor > 0 else None,
+    }
+    if wire.get("fused") and min(wire["fused"]) > 0:
+        for fmt in ("fp16", "bf16"):
+            ratios["%s_over_fp32_wire" % fmt] = ratio("fused_" + fmt, "fused", wire)
+    if "torch_gloo" in median:
+        ratios["torch_gloo_over_fused"] = ratio("torch_gloo", "fused")
+    return {
         "median_s": median,
         "wire_median_s": wire_median,
         "ring_step_s": ring_step_s,
         "bandwidth_bytes_per_s": bandwidth,
         "ring_floor_s": {"fp32": floor, "fp16": floor / 2.0, "bf16": floor / 2.0},
-        "ratios": {
-            "fused_over_raw_allreduce": median["fused"] / median["raw_allreduce"],
-            "fused_over_raw_allreduce_in_place":
-                median["fused"] / median["raw_allreduce_in_place"],
-            "fused_mpi_algorithm_over_raw_allreduce":
-                median["fused_mpi_algorithm"] / median["raw_allreduce"],
-            "per_parameter_over_fused": median["per_parameter"] / median["fused"],
-            "fp16_over_fp32": median["fused_fp16"] / median["fused"],
-            "bf16_over_fp32": median["fused_bf16"] / median["fused"],
-            "fused_over_ring_floor": median["fused"] / floor if floor > 0 else None,
-        },
+        "ratios": ratios,
         "samples_s": samples,
+        "wire_samples_s": wire,
     }
-    if "fused" in wire_median and wire_median["fused"] > 0:
-        for fmt in ("fp16", "bf16"):
-            key = "fused_" + fmt
-            if key in wire_median:
-                result["ratios"]["%s_over_fp32_wire" % fmt] = (
-                    wire_median[key] / wire_median["fused"])
-    if "torch_gloo" in median:
-        result["ratios"]["torch_gloo_over_fused"] = median["torch_gloo"] / median["fused"]
-    return result
 
 
 def main(argv=None):

@@ -52,11 +52,15 @@ def main(argv=None):
         samples = alternate(plain, wrapped, x, y, args.batch_size, args.steps, args.warmup)
     finally:
         session.finish()
-    plain_s = statistics.median(samples["plain"])
-    wrapped_s = statistics.median(samples["wrapped"])
+    # Each step's ratio to its neighbour cancels the machine's slow swings.
+    ratios = sorted(w / p - 1.0 for p, w in zip(samples["plain"], samples["wrapped"]))
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
     result = {"batch_size": args.batch_size, "steps": args.steps,
-              "plain_median_s": plain_s, "wrapped_median_s": wrapped_s,
-              "overhead": wrapped_s / plain_s - 1.0, "samples_s": samples}
+              "plain_median_s": statistics.median(samples["plain"]),
+              "wrapped_median_s": statistics.median(samples["wrapped"]),
+              "overhead": statistics.median(ratios),
+              "overhead_quartiles": [quartiles[0], quartiles[-1]],
+              "samples_s": samples}
     tmp = args.json + ".tmp"
     with open(tmp, "w") as handle:
         json.dump(result, handle, indent=1)

@@ -3,17 +3,22 @@
 ``mpiexec -n N python -m tmpi_adapters.bench_scaling --json OUT [--steps S]``
 
 Every rank compiles the benchmark conv net twice: plainly, and inside a tmpi
-session (BSP, the in-graph fused exchange).  Then, alternating ABBA:
+session (BSP, the in-graph fused exchange).  Then, in a rotating order, steps
+of three kinds:
 
 * an **N-rank step**: every rank calls the distributed function on a batch of
   N x B rows, so each computes B rows and the gradients are exchanged;
 * a **1-rank step**: rank 0 alone calls the plain function on B rows while
-  the other ranks sleep.
+  the other ranks sleep;
+* an **independent step**: every rank calls the plain function on B rows of
+  its own, nothing exchanged: what N cores deliver at all, the ceiling of any
+  speed-up on this machine at this moment (memory bandwidth, other load).
 
-Pairing the two step by step compares them under the same load; separate
+Taking the kinds in turn compares them under the same load; separate
 1-rank and N-rank jobs on a shared machine compare two different moments.
-Speed-up = (N x B / N-rank step) / (B / 1-rank step), the same work per rank.
-The session's recorder gives the N-rank steps' compute/comm/wait split.
+Speed-up = (N x B / N-rank step) / (B / 1-rank step), the same work per
+rank, as the median over rounds of each round's ratio.  The session's
+recorder gives the N-rank steps' compute/comm/wait split.
 """
 import argparse
 import json
@@ -24,29 +29,44 @@ import time
 import tmpi_adapters  # noqa: F401 - applies the shims before Theano is imported
 
 
+KINDS = ("many", "one", "independent")
+
+
 def paired_steps(session, plain, wrapped, x, y, batch_size, steps, warmup):
-    """Seconds of each N-rank and 1-rank step (measured on rank 0)."""
+    """Seconds of each kind of step, one of each per round (measured on rank 0)."""
     exchanger, rank, size = session.exchanger, session.rank, session.size
-    samples = {"1": [], str(size): []}
+    samples = {kind: [] for kind in KINDS}
     n = len(x)
     for i in range(warmup + steps):
         lo = (i * batch_size * size) % (n - batch_size * size + 1)
         xs, ys = x[lo:lo + batch_size * size], y[lo:lo + batch_size * size]
-        for kind in (("many", "one") if i % 2 == 0 else ("one", "many")):
+        mine = slice(rank * batch_size, (rank + 1) * batch_size)
+        for kind in KINDS[i % 3:] + KINDS[:i % 3]:
             exchanger.barrier()  # everyone starts together; sleepers sleep here
             start = time.perf_counter()
             if kind == "many":
                 wrapped(xs, ys)
-                key = str(size)
+            elif kind == "independent":
+                plain(xs[mine], ys[mine])
             elif rank == 0:
                 plain(xs[:batch_size], ys[:batch_size])
-                key = "1"
-            else:
-                continue
             if i >= warmup:
-                samples[key].append(time.perf_counter() - start)
-    exchanger.barrier()
+                samples[kind].append(time.perf_counter() - start)
+    # N cores deliver as fast as their slowest rank.
+    every = exchanger.allgather_object(samples["independent"])
+    samples["independent"] = [max(times) for times in zip(*every)]
     return samples
+
+
+def paired_median(numerators, denominators, factor=1.0):
+    """Median over rounds of ``factor * numerator / denominator``."""
+    return statistics.median(factor * a / b for a, b in zip(numerators, denominators))
+
+
+def quartiles(numerators, denominators, factor=1.0):
+    ratios = sorted(factor * a / b for a, b in zip(numerators, denominators))
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return [q[0], q[-1]]
 
 
 def main(argv=None):
@@ -75,14 +95,21 @@ def main(argv=None):
         session.finish()
     if rank != 0:
         return
-    one, many = statistics.median(samples["1"]), statistics.median(samples[str(size)])
+    one, many, free = samples["one"], samples["many"], samples["independent"]
     split = {name: statistics.median(r[i] for r in records)
              for i, name in enumerate(("compute_s", "comm_s", "wait_s"))}
     result = {"ranks": size, "batch_size_per_rank": args.batch_size, "steps": args.steps,
-              "step_median_s": {"1": one, str(size): many},
-              "samples_per_s": {"1": args.batch_size / one,
-                                str(size): size * args.batch_size / many},
-              "speedup": size * one / many, "split_s": split, "samples_s": samples}
+              "step_median_s": {"1": statistics.median(one), str(size): statistics.median(many),
+                                "independent": statistics.median(free)},
+              "speedup": paired_median(one, many, size),
+              "speedup_quartiles": quartiles(one, many, size),
+              "ceiling": paired_median(one, free, size),
+              "ceiling_quartiles": quartiles(one, free, size),
+              "split_s": split, "samples_s": samples}
+    result["samples_per_s"] = {"1": args.batch_size / result["step_median_s"]["1"],
+                               str(size): size * args.batch_size / result["step_median_s"][
+                                   str(size)]}
+    result["efficiency"] = result["speedup"] / result["ceiling"]
     tmp = args.json + ".tmp"
     with open(tmp, "w") as handle:
         json.dump(result, handle, indent=1)

@@ -4,7 +4,8 @@ Every step is split into
 
 ``compute``  the compiled function's own work (forward, backward, update);
 ``comm``     exchanging gradients, parameters and returned values: packing,
-             converting and moving bytes once every rank has arrived;
+             converting and moving bytes once every rank has arrived (the
+             part spent inside MPI is also recorded as ``transfer``);
 ``wait``     waiting at the step's synchronisation point for the slowest rank
              (a straggler, or an uneven split of the work);
 ``data``     time between steps spent in the user's loop (loading and
@@ -92,6 +93,7 @@ class Recorder:
             "compute_s": compute, "comm_s": comm, "wait_s": wait, "data_s": self._data,
             "samples": int(round(global_samples)),
             "samples_per_s": global_samples / busy if busy > 0 else None,
+            "transfer_s": min(stats["transfer_s"], comm),
             "wire_bytes": stats["wire_bytes"],
             "outputs": scalar_outputs(outputs, getattr(model, "output_names", None)),
         }

@@ -6,7 +6,9 @@ How one ``allreduce`` travels
    value).  That tiny collective is also the synchronisation point of the
    step: the time it takes is time spent waiting for the slowest rank, kept
    apart in ``stats.wait_s``.  Large unweighted reductions start with a
-   barrier for the same reason.
+   barrier for the same reason.  A small weighted mean that fits one MPI
+   ``Allreduce`` instead carries the weight as one more element of its
+   buffer and divides afterwards: one collective instead of two.
 2. **Pack.**  The arrays of one dtype are copied into one flat buffer and
    multiplied by ``weight / total`` (or ``1 / size``) in the same pass.  With
    fp16/bf16 transfer that pass also converts (:mod:`.kernels`).  With
@@ -153,7 +155,8 @@ class _Group:
             self.members.append((index, offset, size, shape))
             offset += size
         self.n = offset
-        self.wire = np.empty(self.n, dtype=wire_dtype)
+        # One spare element: a small weighted mean carries the weight in it.
+        self.wire = np.empty(self.n + 1, dtype=wire_dtype)[:self.n]
         self.result = self.wire if wire_dtype == dtype else np.empty(self.n, dtype=dtype)
 
     def views(self):
@@ -285,10 +288,38 @@ class MPIExchanger(Exchanger):
                 self.stats.last_total_weight = float(weight)
             return self._single_rank(arrays, out)
         plan = self._plan(arrays, precision)
-        factor = self._scale(op, weight, sum(g.wire.nbytes for g in plan.groups))
-        for group in plan.groups:
-            self._reduce_group(group, arrays, factor)
+        if weight is not None and self._weight_travels_along(plan):
+            self._reduce_with_weight(plan.groups[0], arrays, float(weight))
+        else:
+            factor = self._scale(op, weight, sum(g.wire.nbytes for g in plan.groups))
+            for group in plan.groups:
+                self._reduce_group(group, arrays, factor)
         return self._unpack(plan, out)
+
+    def _weight_travels_along(self, plan):
+        """One small bucket through MPI's Allreduce: send the weight in it
+        (one collective, not two; its waiting then counts as transfer)."""
+        if len(plan.groups) != 1:
+            return False
+        group = plan.groups[0]
+        nbytes = group.wire.nbytes
+        return (group.fmt is None and group.wire.dtype.kind == "f"
+                and not (self.bucket_bytes and nbytes > self.bucket_bytes)
+                and not self._use_rsag(group, group.n))
+
+    def _reduce_with_weight(self, group, arrays, weight):
+        MPI = self.MPI
+        self._pack(group, arrays, weight, 0, group.n)
+        buf = group.wire.base[:group.n + 1]  # the wire and its spare element
+        buf[-1] = weight
+        self._transfer(lambda: [self.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)],
+                       "allreduce", buf.nbytes)
+        total = float(buf[-1])
+        if not total > 0:
+            raise ConfigError("weighted mean with a total weight of %r across ranks" % total)
+        self.stats.last_total_weight = total
+        np.multiply(group.wire, 1.0 / total, out=group.wire, casting="unsafe")
+        self._finish(group, 0, group.n)
 
     def _single_rank(self, arrays, out):
         # Nothing travels: the mean of one rank is its own value.

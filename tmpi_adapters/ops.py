@@ -14,7 +14,9 @@ the optimizer's update reads them straight from it.  Two rules keep that
 safe: the outputs are marked indestructible, so no in-place optimisation can
 turn the buffer into a parameter's storage; and an output that leaves the
 function (returned by it, or an update on its own) is copied, because the
-buffer is rewritten at the next step.
+buffer is rewritten at the next step.  On one rank the outputs are Theano's
+own gradient arrays and stay destructible, so the graph computes its
+updates in place exactly as it would without tmpi.
 """
 import itertools
 
@@ -88,10 +90,11 @@ class FusedAllreduce(Op):
     def make_node(self, *grads):
         grads = [theano.tensor.as_tensor_variable(g) for g in grads]
         outputs = [g.type() for g in grads]
+        borrowed = _results_are_borrowed()
         for output in outputs:
             # The value lives in the exchanger's buffer: nothing may reduce it
             # in place into storage that outlives the step.
-            output.tag.indestructible = True
+            output.tag.indestructible = borrowed
         return Apply(self, grads, outputs)
 
     def perform(self, node, inputs, output_storage):
@@ -113,6 +116,15 @@ class FusedAllreduce(Op):
 
     def __reduce__(self):
         return (FusedAllreduce, (self.key, self.n))
+
+
+def _results_are_borrowed():
+    """False only in a one-rank session: there the exchange hands back
+    Theano's own arrays, which the update may overwrite in place as it
+    would without tmpi."""
+    from .session import active_session
+    session = active_session()
+    return session is None or session.size > 1
 
 
 def leaving_outputs(node):

@@ -75,10 +75,15 @@ def test_unknown_algorithm_is_a_clear_error(monkeypatch):
         MPIExchanger()
 
 
+@pytest.fixture(scope="module")
+def borrowed_plain():
+    return check(run([sys.executable, SCRIPTS / "borrowed_gradients.py"]))
+
+
 @pytest.mark.mpi
-def test_gradients_leaving_the_step_are_not_borrowed():
-    script = SCRIPTS / "borrowed_gradients.py"
-    plain = check(run([sys.executable, script]))
-    two = check(tmpi("wrap", "-n", "2", script))
+@pytest.mark.parametrize("n", [1, 2])
+def test_gradients_leaving_the_step_are_not_borrowed(borrowed_plain, n):
+    wrapped = check(tmpi("wrap", "-n", str(n), SCRIPTS / "borrowed_gradients.py"))
     for key in ("returned", "stored", "params"):
-        assert_close(final_numbers(two.stdout, key), final_numbers(plain.stdout, key), 1e-8)
+        assert_close(final_numbers(wrapped.stdout, key),
+                     final_numbers(borrowed_plain.stdout, key), 1e-8)

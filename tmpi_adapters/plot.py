@@ -123,46 +123,67 @@ def plot_run(records, output, window):
 
 
 def plot_bench(result, output):
-    """Exchange timings against their floors, and the scaling throughput."""
+    """Exchange timings against their floors; conv net throughput and split."""
     plt = _pyplot()
     exchange, scaling = result.get("exchange"), result.get("scaling")
-    panels = [p for p in (exchange, scaling) if p]
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False)
+    count = (1 if exchange else 0) + (2 if scaling else 0)
+    if not count:
+        raise TmpiError("the bench result has neither an exchange nor a scaling part")
+    fig, axes = plt.subplots(1, count, figsize=(6 * count, 5), squeeze=False)
     axes = list(axes[0])
     if exchange:
-        ax = axes.pop(0)
-        median = exchange["median_s"]
-        names = list(median)
-        floors = [exchange["ring_floor_s"]["fp16" if "fp16" in n else
-                                           "bf16" if "bf16" in n else "fp32"] for n in names]
-        y = np.arange(len(names))
-        ax.barh(y, [median[n] * 1e3 for n in names], color="#4c72b0", label="median")
-        ax.scatter([f * 1e3 for f in floors], y, color="#c44e52", marker="|", s=300,
-                   label="ring floor", zorder=3)
-        ax.set_yticks(y)
-        ax.set_yticklabels(names)
-        ax.invert_yaxis()
-        ax.set_xlabel("ms")
-        ax.set_title("allreduce of %.0f MB on %d ranks" % (exchange["bytes"] / 1e6,
-                                                          exchange["ranks"]))
-        ax.legend(loc="lower right")
+        _exchange_panel(axes.pop(0), exchange)
     if scaling:
-        ax = axes.pop(0)
-        n = str(scaling["ranks"])
-        keys = [k for k in ("1", n) if k in scaling["split_s"]]
-        bottom = np.zeros(len(keys))
-        for phase, colour in PHASE_COLOURS.items():
-            values = np.array([scaling["split_s"][k][phase + "_s"] * 1e3 for k in keys])
-            ax.bar(["%s rank(s)" % k for k in keys], values, bottom=bottom, color=colour,
-                   label=phase)
-            bottom += values
-        ax.set_ylabel("ms per step")
-        ax.set_title("conv net: speed-up %.2f on %s ranks" % (scaling["speedup"], n))
-        ax.legend()
+        _throughput_panel(axes.pop(0), scaling)
+        _split_panel(axes.pop(0), scaling)
     fig.suptitle("%s (%s)" % (result.get("command", "tmpi bench"), result.get("date", "")))
     fig.tight_layout()
     fig.savefig(output, dpi=100)
     plt.close(fig)
+
+
+def _exchange_panel(ax, exchange):
+    median = exchange["median_s"]
+    names = list(median)
+    floors = [exchange["ring_floor_s"]["fp16" if "fp16" in n else
+                                       "bf16" if "bf16" in n else "fp32"] for n in names]
+    y = np.arange(len(names))
+    ax.barh(y, [median[n] * 1e3 for n in names], color="#4c72b0", label="median")
+    ax.scatter([f * 1e3 for f in floors], y, color="#c44e52", marker="|", s=300,
+               label="ring floor", zorder=3)
+    ax.set_yticks(y)
+    ax.set_yticklabels(names)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.set_title("allreduce of %.0f MB on %d ranks" % (exchange["bytes"] / 1e6,
+                                                      exchange["ranks"]))
+    ax.legend(loc="lower right")
+
+
+def _throughput_panel(ax, scaling):
+    n, rate = str(scaling["ranks"]), scaling["samples_per_s"]
+    steps, batch = scaling["step_median_s"], scaling["batch_size_per_rank"]
+    labels = ["1 rank", "%s ranks,\nnothing exchanged" % n, "%s ranks,\ntmpi BSP" % n]
+    values = [rate["1"], int(n) * batch / steps["independent"], rate[n]]
+    ax.bar(labels, values, color=["#8c8c8c", "#c7c7c7", "#4c72b0"])
+    ax.set_ylabel("samples/s")
+    ax.set_title("conv net: speed-up %.2f of a possible %.2f" % (scaling["speedup"],
+                                                                scaling["ceiling"]))
+
+
+def _split_panel(ax, scaling):
+    n, split = str(scaling["ranks"]), scaling["split_s"]
+    bottom = 0.0
+    ax.bar(["1 rank"], [scaling["step_median_s"]["1"] * 1e3],
+           color=PHASE_COLOURS["compute"])
+    for phase in ("compute", "comm", "wait"):
+        value = split[phase + "_s"] * 1e3
+        ax.bar(["%s ranks (BSP)" % n], [value], bottom=bottom, color=PHASE_COLOURS[phase],
+               label=phase)
+        bottom += value
+    ax.set_ylabel("ms per step (median)")
+    ax.set_title("where a step's time goes")
+    ax.legend()
 
 
 def main(argv):

@@ -77,19 +77,27 @@ class _Poller:
     def wait(self, test, what, timeout, patient=True):
         if test():
             return
-        start = time.perf_counter()
+        deadline = _Deadline(self.exchanger, what, timeout)
         if not self.oversubscribed:
-            spin_until = start + (SPIN_SECONDS if patient else float("inf"))
-            deadline = float("inf") if timeout is None else start + timeout
-            polls = 0
-            while time.perf_counter() < spin_until:
-                if test():
-                    return
-                polls += 1
-                if polls % 256 == 0 and time.perf_counter() > deadline:
-                    self.exchanger.stalled(what, time.perf_counter() - start)
-                    deadline = float("inf")  # a handler that returns keeps waiting
-        deadline = None if timeout is None else start + timeout
+            until = deadline.start + SPIN_SECONDS if patient else float("inf")
+            if self._spin(test, until, deadline):
+                return
+        self._back_off(test, deadline)
+
+    @staticmethod
+    def _spin(test, until, deadline):
+        """Poll flat out until ``until``; True once ``test()`` succeeded."""
+        polls = 0
+        while time.perf_counter() < until:
+            if test():
+                return True
+            polls += 1
+            if polls % 256 == 0:
+                deadline.check()
+        return False
+
+    @staticmethod
+    def _back_off(test, deadline):
         spins = 0
         while not test():
             spins += 1
@@ -99,9 +107,22 @@ class _Poller:
                 # Past a few ms nobody is waiting on latency; let co-located
                 # ranks (oversubscribed runs) have the core.
                 time.sleep(min(1e-3, 1e-5 * (spins - 1999)))
-            if deadline is not None and spins % 64 == 0 and time.perf_counter() > deadline:
-                self.exchanger.stalled(what, time.perf_counter() - start)
-                deadline = None  # a handler that returns keeps waiting
+            if spins % 64 == 0:
+                deadline.check()
+
+
+class _Deadline:
+    """Reports a wait that outlives ``timeout`` to the exchanger, once."""
+
+    def __init__(self, exchanger, what, timeout):
+        self.exchanger, self.what = exchanger, what
+        self.start = time.perf_counter()
+        self.at = None if timeout is None else self.start + timeout
+
+    def check(self):
+        if self.at is not None and time.perf_counter() > self.at:
+            self.at = None  # a handler that returns keeps waiting
+            self.exchanger.stalled(self.what, time.perf_counter() - self.start)
 
 
 class MPIRequest(Request):

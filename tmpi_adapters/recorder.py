@@ -114,7 +114,7 @@ class Recorder:
         busy = data[:, :4].sum()
         ex = self.session.exchanger
         avg, = ex.allreduce([np.append(medians, busy)], op="mean")
-        # Every rank counted the global rows of each step: take rank 0's.
+        # Every rank counted each step's rows on all ranks: its own total is the job's.
         samples = data[:, 4].sum()
         self.last_summary = {
             "type": "summary",

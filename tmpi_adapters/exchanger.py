@@ -19,8 +19,25 @@ Transfer precision
 ``"fp32"``, ``"fp16"`` or ``"bf16"``.  Reduced precisions halve the bytes on the
 wire; partial sums are always accumulated in float32 and results are returned
 in each array's own dtype.
+
+Borrowed results
+----------------
+Inside ``with exchanger.borrowing():`` an ``allreduce`` without ``out`` may
+return views of the exchanger's own fused buffers (or, on one rank, the input
+arrays themselves) instead of fresh arrays: no copy out.  Such results are
+valid until the next ``allreduce`` of the same array signature and must not be
+modified.  The in-graph gradient exchange uses this; exchangers that ignore it
+stay correct.
+
+Statistics
+----------
+``exchanger.stats`` (an :class:`ExchangeStats`) accumulates the seconds spent
+waiting for other ranks to arrive (``wait_s``) apart from the seconds spent
+moving and reducing data, so the recorder can tell stragglers from bandwidth.
+Exchangers that do not fill it report everything as communication.
 """
 import abc
+import contextlib
 
 import numpy as np
 
@@ -50,6 +67,43 @@ class Request(abc.ABC):
     @abc.abstractmethod
     def cancel(self):
         """Cancel a receive that has not matched yet."""
+
+
+class ExchangeStats:
+    """Where an exchanger's time went since the last :meth:`take`.
+
+    Attributes
+    ----------
+    wait_s : float
+        Seconds spent at synchronisation points waiting for the slowest rank.
+    transfer_s : float
+        Seconds spent in collectives after every rank had arrived.
+    wire_bytes : int
+        Bytes this rank handed to collectives (after any precision reduction).
+    collectives : int
+        Number of collective operations started.
+    last_total_weight : float or None
+        The total weight of the most recent weighted mean (the global sample
+        count of a step), or ``None``.
+    """
+
+    __slots__ = ("wait_s", "transfer_s", "wire_bytes", "collectives", "last_total_weight")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.wait_s = 0.0
+        self.transfer_s = 0.0
+        self.wire_bytes = 0
+        self.collectives = 0
+        self.last_total_weight = None
+
+    def take(self):
+        """Return the counters as a dict and start counting from zero."""
+        values = {name: getattr(self, name) for name in self.__slots__}
+        self.reset()
+        return values
 
 
 def check_precision(precision):
@@ -95,6 +149,34 @@ class Exchanger(abc.ABC):
         self.precision = check_precision(precision)
         self.bucket_bytes = bucket_bytes
         self.timeout = timeout
+
+    # Created on first use so that subclasses which do not call
+    # ``Exchanger.__init__`` still have them.
+    _borrow_depth = 0
+
+    @property
+    def stats(self):
+        """This exchanger's :class:`ExchangeStats`."""
+        stats = self.__dict__.get("_stats")
+        if stats is None:
+            stats = self.__dict__["_stats"] = ExchangeStats()
+        return stats
+
+    @contextlib.contextmanager
+    def borrowing(self):
+        """Let ``allreduce`` calls without ``out`` return borrowed results
+        (see the module doc): views of internal buffers, valid until the next
+        allreduce of the same signature, never to be modified."""
+        self._borrow_depth += 1
+        try:
+            yield self
+        finally:
+            self._borrow_depth -= 1
+
+    @property
+    def borrow(self):
+        """True inside :meth:`borrowing`."""
+        return self._borrow_depth > 0
 
     rank = 0
     size = 1

@@ -3,9 +3,24 @@
 ``theano.grad`` under tmpi wraps each gradient with respect to a shared
 variable in a :class:`GradientMarker` (an identity).  When the function that
 uses them is compiled, all markers of that function are replaced by **one**
-:class:`FusedAllreduce` node, so a training step performs one fused collective.
+:class:`FusedAllreduce` node, so a training step performs one fused exchange.
+
+Copies
+------
+Theano's gradient arrays are copied once, into the exchanger's fused buffer
+(scaled on the way).  The reduced gradients come back as views of that buffer
+(:meth:`~tmpi_adapters.exchanger.Exchanger.borrowing`), not copied out again:
+the optimizer's update reads them straight from it.  Two rules keep that
+safe: the outputs are marked indestructible, so no in-place optimisation can
+turn the buffer into a parameter's storage; and an output that leaves the
+function (returned by it, or an update on its own) is copied, because the
+buffer is rewritten at the next step.  On one rank the outputs are Theano's
+own gradient arrays and stay destructible, so the graph computes its
+updates in place exactly as it would without tmpi.
 """
 import itertools
+
+import numpy as np
 
 import theano
 from theano.gof import Apply, Op
@@ -51,8 +66,10 @@ class FusedAllreduce(Op):
     ----------
     key : str
         Names the training function (for messages and the recorder).
+    n : int
+        Number of gradients.
     exchange : callable, optional
-        ``exchange(arrays) -> arrays``; default: the running session's
+        ``exchange(arrays, key=key) -> arrays``; default: the running session's
         :meth:`~tmpi_adapters.session.Session.exchange_gradients`.
     """
 
@@ -62,6 +79,9 @@ class FusedAllreduce(Op):
         self.key = key
         self.n = n
         self._exchange = exchange
+        # On one rank output i *is* input i (nothing to reduce); declaring the
+        # alias keeps Theano from destroying the input while the output lives.
+        self.view_map = {i: [i] for i in range(n)}
 
     def do_constant_folding(self, node):
         # A collective must run on every call, never at compile time.
@@ -69,22 +89,24 @@ class FusedAllreduce(Op):
 
     def make_node(self, *grads):
         grads = [theano.tensor.as_tensor_variable(g) for g in grads]
-        return Apply(self, grads, [g.type() for g in grads])
+        outputs = [g.type() for g in grads]
+        borrowed = _results_are_borrowed()
+        for output in outputs:
+            # The value lives in the exchanger's buffer: nothing may reduce it
+            # in place into storage that outlives the step.
+            output.tag.indestructible = borrowed
+        return Apply(self, grads, outputs)
 
     def perform(self, node, inputs, output_storage):
         exchange = self._exchange
         if exchange is None:
             from .session import current_session
             exchange = current_session().exchange_gradients
-        out = []
-        for value, store in zip(inputs, output_storage):
-            previous = store[0]
-            if previous is None or previous.shape != value.shape or previous.dtype != value.dtype:
-                previous = store[0] = value.copy()
-            out.append(previous)
-        results = exchange(list(inputs), out=out, key=self.key)
-        for value, store in zip(results, output_storage):
-            store[0] = value
+        results = exchange(list(inputs), key=self.key)
+        escaping = leaving_outputs(node)
+        for i, (value, store) in enumerate(zip(results, output_storage)):
+            # Copied: this value outlives the step, the buffer does not.
+            store[0] = np.array(value, copy=True) if i in escaping else value
 
     def infer_shape(self, node, shapes):
         return shapes
@@ -94,3 +116,40 @@ class FusedAllreduce(Op):
 
     def __reduce__(self):
         return (FusedAllreduce, (self.key, self.n))
+
+
+def _results_are_borrowed():
+    """False only in a one-rank session: there the exchange hands back
+    Theano's own arrays, which the update may overwrite in place as it
+    would without tmpi."""
+    from .session import active_session
+    session = active_session()
+    return session is None or session.size > 1
+
+
+def leaving_outputs(node):
+    """Indices of ``node``'s outputs whose memory can leave the function: a
+    function output or an update value, directly or through views.
+
+    Computed once per compiled node (cached on ``node.tag``).
+    """
+    cached = getattr(node.tag, "tmpi_leaving", None)
+    if cached is not None:
+        return cached
+    found = set()
+    for index, variable in enumerate(node.outputs):
+        stack, seen = [variable], set()
+        while stack and index not in found:
+            current = stack.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            for client, position in getattr(current, "clients", ()):
+                if client == "output":
+                    found.add(index)
+                    break
+                view_map = getattr(client.op, "view_map", None) or {}
+                stack.extend(client.outputs[o] for o, ins in view_map.items()
+                             if position in ins)
+    node.tag.tmpi_leaving = frozenset(found)
+    return node.tag.tmpi_leaving

@@ -151,12 +151,14 @@ class Session:
         self._weight = weight
         self.recorder.begin_step()
 
-    def end_step(self, model, samples):
+    def end_step(self, model, samples, outputs=None):
+        """Called after a training step; ``outputs`` are its returned values
+        (combined across ranks), recorded when they are scalars."""
         model.step += 1
         start = time.perf_counter()
         self.rule.after_step(model, samples)
         self.recorder.add_exchange(time.perf_counter() - start)
-        self.recorder.end_step(samples)
+        self.recorder.end_step(samples, outputs=outputs, model=model)
         self._weight = None
         self.pm.hook.tmpi_after_step(session=self, model=model, step=model.step,
                                      samples=samples)
@@ -182,9 +184,14 @@ class Session:
         return self.learning_rate_scale(model)
 
     def exchange_gradients(self, grads, out=None, key=None):
-        """Called by the in-graph :class:`~tmpi_adapters.ops.FusedAllreduce`."""
+        """Called by the in-graph :class:`~tmpi_adapters.ops.FusedAllreduce`.
+
+        The results may be views of the exchanger's buffers (valid for this
+        step only): the Op hands them straight to Theano's update.
+        """
         start = time.perf_counter()
-        results = self.rule.reduce_gradients(grads, self._weight)
+        with self.exchanger.borrowing():
+            results = self.rule.reduce_gradients(grads, self._weight)
         scale = self.gradient_scale(self._current_model(key))
         if scale != 1.0:
             results = [r * r.dtype.type(scale) for r in results]
@@ -214,6 +221,13 @@ class Session:
         """
         if self.size == 1:
             return values
+        start = time.perf_counter()
+        try:
+            return self._reduce_outputs(values, weight, kinds)
+        finally:
+            self.recorder.add_exchange(time.perf_counter() - start)
+
+    def _reduce_outputs(self, values, weight, kinds):
         op = "sum" if self.options.loss_reduction == "sum" else "mean"
         w = None if op == "sum" else weight
         result = list(values)

@@ -282,6 +282,9 @@ class TheanoAdapter(FrameworkAdapter):
         graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
         graph += [expr for _, expr in update_pairs]
         model = self.make_model(key, params, optimizer_state, model_state, graph, data)
+        # Names for the recorder's loss/accuracy curves (None where unnamed).
+        model.output_names = [getattr(getattr(o, "variable", o), "name", None)
+                              for o in output_list]
         function_class = self.function_class or DistributedFunction
         function = function_class(self, compiled, model, sliced, bounds_fn,
                                   single_output=rebuild_outputs.single)
@@ -469,7 +472,7 @@ class DistributedFunction:
             if self._kinds is None:
                 self._kinds = session.output_kinds(values, rows)
             values = session.reduce_outputs(values, weight, self._kinds)
-        session.end_step(self.model, weight)
+        session.end_step(self.model, weight, outputs=values)
         if self.single_output:
             result = values[0]
         elif isinstance(outputs, tuple):

@@ -1,0 +1,74 @@
+"""The recorder: the per-step split, --record JSON lines, --progress and tmpi plot."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLES, check, tmpi
+
+MLP = EXAMPLES / "theano_mlp" / "train.py"
+STEP_KEYS = {"type", "model", "step", "time_s", "compute_s", "comm_s", "wait_s", "data_s",
+             "samples", "samples_per_s", "transfer_s", "wire_bytes", "outputs"}
+
+
+def read_records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def check_record(records, ranks, rows=1500, batches=24):
+    header, steps, summary = records[0], records[1:-1], records[-1]
+    assert header["type"] == "run" and header["ranks"] == ranks and header["rule"] == "bsp"
+    assert len(steps) == batches and all(s["type"] == "step" for s in steps)
+    for i, s in enumerate(steps, 1):
+        assert set(s) == STEP_KEYS and s["step"] == i
+        assert all(s[k] >= 0 for k in ("compute_s", "comm_s", "wait_s", "data_s"))
+        # Unnamed T.mean outputs: the loss and the accuracy of the example.
+        assert set(s["outputs"]) == {"output0", "output1"}
+        assert 0 <= s["outputs"]["output1"] <= 1
+    # Every rank's rows, once: the global sample count of each step.
+    assert sum(s["samples"] for s in steps) == rows
+    assert summary["type"] == "summary" and summary["samples"] == rows
+    assert summary["ranks"] == ranks and summary["samples_per_s"] > 0
+
+
+@pytest.mark.mpi
+def test_record_and_plot_two_ranks(tmp_path):
+    path = tmp_path / "run.jsonl"
+    result = check(tmpi("wrap", "-n", "2", "--record", path, "--progress", MLP,
+                        "--epochs", "1", "--seed", "1"))
+    check_record(read_records(path), ranks=2)
+    assert "compute" in result.stdout and "wait" in result.stdout and "data" in result.stdout
+    assert "step" in result.stderr  # the progress bar
+    png = tmp_path / "run.png"
+    check(tmpi("plot", path, "-o", png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_record_one_rank(tmp_path):
+    path = tmp_path / "nested" / "run.jsonl"
+    check(tmpi("wrap", "--record", path, MLP, "--epochs", "1", "--seed", "1"))
+    records = read_records(path)
+    check_record(records, ranks=1)
+    assert all(s["comm_s"] + s["wait_s"] < 0.05 for s in records[1:-1])
+
+
+def test_plot_rejects_what_it_cannot_draw(tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello\n")
+    result = tmpi("plot", bad)
+    assert result.returncode != 0 and "not JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+    missing = tmpi("plot", tmp_path / "absent.jsonl")
+    assert missing.returncode != 0 and "cannot read" in missing.stderr
+
+
+def test_scalar_outputs_and_strict_json(tmp_path):
+    from tmpi_adapters.recorder import RunLog, scalar_outputs
+    values = [np.float32(0.5), np.array([1.0, 2.0]), 3, np.float64("nan")]
+    assert scalar_outputs(values, ["loss", None, "mean", "mean"]) == {
+        "loss": 0.5, "output2": 3.0, "output3": None}
+    log = RunLog(str(tmp_path / "log.jsonl"), {"type": "run", "x": float("inf")})
+    log.write({"type": "step", "value": np.float32(1.5)})
+    log.close()
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["x"] is None and json.loads(lines[1])["value"] == 1.5

@@ -159,8 +159,8 @@ def cmd_wrap(argv):
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, str(namespace.threads_per_rank))
     options = options_from_args(namespace)
-    if not os.path.isfile(script):
-        raise TmpiError("script %r not found (working directory %s)." % (script, os.getcwd()))
+    from .launcher import check_script
+    check_script(script)
     if not options.framework:
         from .runtime import detect_framework
         options.framework = detect_framework(script)

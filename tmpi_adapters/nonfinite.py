@@ -92,14 +92,13 @@ class NonFiniteGuard:
             parts.append("%r has %d NaN and %d Inf of %d values"
                          % (names[i], nans, infs, reduced[i].size))
         local = [i for i in bad if weight and not np.isfinite(np.asarray(grads[i])).all()]
-        if local:
-            origin = "this rank's (rank %d's) own gradient was already non-finite" \
-                     % self.session.rank
-        elif self.session.size > 1:
+        if self.session.size == 1:
+            origin = "computed from this step's batch"
+        elif local:
+            origin = "rank %d's own gradient was already non-finite" % self.session.rank
+        else:
             origin = "rank %d's own gradient was finite: another rank's batch produced it" \
                      % self.session.rank
-        else:
-            origin = "computed from this step's batch"
         text = "non-finite gradient in step %d of %s after the exchange: %s (%s)" % (
             (model.step if model else 0) + 1, model.name if model else "?",
             "; ".join(parts), origin)

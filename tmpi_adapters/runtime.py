@@ -266,4 +266,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    # Run the importable module, not this ``__main__`` copy of it, so state set
+    # here (the report descriptor) is the state other modules see.
+    from tmpi_adapters.runtime import main as _main
+    _main()

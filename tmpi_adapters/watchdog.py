@@ -49,7 +49,7 @@ def format_ranks(ranks):
 def where_in_script(frame, limit=64):
     """``"train.py:57 in main: loss = train_fn(x, y)"`` for the innermost user frame."""
     from .runtime import _is_library_frame
-    innermost, depth = frame, 0
+    depth = 0
     while frame is not None and depth < limit:
         code = frame.f_code
         if not _is_library_frame(code.co_filename):
@@ -58,10 +58,7 @@ def where_in_script(frame, limit=64):
             return "%s:%d in %s%s" % (os.path.basename(code.co_filename), frame.f_lineno,
                                       code.co_name, (": " + line) if line else "")
         frame, depth = frame.f_back, depth + 1
-    if innermost is None:
-        return None
-    return "%s:%d in %s" % (os.path.basename(innermost.f_code.co_filename),
-                            innermost.f_lineno, innermost.f_code.co_name)
+    return None  # not inside the user's code (starting, or the script has returned)
 
 
 def frame_on_stack(frame, top, limit=256):
@@ -129,7 +126,8 @@ def stall_report(statuses, reporter, now, interval, on_stall):
     mine = statuses[reporter]
     stall = mine["stall"]
     missing = missing_ranks(statuses, reporter)
-    waiting = sorted(r for r, s in statuses.items() if s and s.get("stall"))
+    waiting = sorted(r for r, s in statuses.items() if r not in missing and s and
+                     s.get("stall") and s["stall"]["what"] == stall["what"]) or [reporter]
     head = "tmpi: stall: %s waited %.0f s in %s; %s %s not reached it." % (
         format_ranks(waiting), stall["waited"] + now - mine["time"], stall["what"],
         format_ranks(missing) if missing else "every rank seems to be somewhere else, and "
@@ -320,6 +318,8 @@ class Watchdog:
         lowest = min(others_stalled + [self.rank])
         overdue = stalled > 2 * self.timeout + 10 * self.interval
         if self._last_report is None:
+            if stalled < self.timeout + 2 * self.interval:
+                return  # let ranks that stalled at the same moment say so first
             if (lowest != self.rank or reported_elsewhere) and not overdue:
                 return
         elif now - self._last_report < self.timeout:

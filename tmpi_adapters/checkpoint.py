@@ -661,6 +661,10 @@ class Checkpointer:
         self.resumed_from = path
         # The script's own random draws retrace the original run from here.
         seed = state["seed"]
+        if self.session.options.seed not in (None, seed):
+            self.session.print("tmpi: warning: --seed %s ignored: a resumed run keeps the "
+                               "seed of the run it continues (%s)."
+                               % (self.session.options.seed, seed))
         if seed is not None:
             self.session.seed = seed
             random.seed(seed)

@@ -167,7 +167,9 @@ def cmd_wrap(argv):
         if options.framework is None:
             raise TmpiError("could not tell which framework %r uses (it imports none of "
                             "theano, keras, lasagne, blocks); pass --framework." % script)
-    n = namespace.n or 1
+    n = 1 if namespace.n is None else namespace.n
+    if n < 1:
+        raise TmpiError("-n must be at least 1, not %d." % n)
     check_choices(options, n)
     from .launcher import launch
     return launch(script, rest, options, n=n, mpiexec=namespace.mpiexec,

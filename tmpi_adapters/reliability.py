@@ -188,12 +188,18 @@ class Reliability:
             self.watchdog.after_step(model)
 
     def end(self, error):
-        if self.checkpointer is not None:
-            self.checkpointer.end(error)
-        if self.guard is not None:
-            self.guard.uninstall()
-        if self.watchdog is not None:
-            self.watchdog.stop()
+        failed = error
+        try:
+            if self.checkpointer is not None:
+                self.checkpointer.end(error)
+        except BaseException as exc:  # noqa: B902 - re-raised; only noted here
+            failed = exc
+            raise
+        finally:
+            if self.guard is not None:
+                self.guard.uninstall()
+            if self.watchdog is not None:
+                self.watchdog.stop(together=failed is None)
 
 
 _running = {}

@@ -3,6 +3,7 @@
 ``python -m tmpi_adapters.runtime SCRIPT [ARGS...]`` is what ``tmpi wrap``
 starts on every rank (options arrive in ``TMPI_OPTIONS``).
 """
+import functools
 import os
 import runpy
 import socket
@@ -105,6 +106,7 @@ _LIBRARY_DIRS = tuple(sorted({os.path.realpath(p) + os.sep for p in (
     if p}))
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_library_frame(filename):
     return os.path.realpath(filename).startswith(_LIBRARY_DIRS) or filename.startswith("<")
 

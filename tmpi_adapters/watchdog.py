@@ -200,18 +200,31 @@ class Watchdog:
             self._thread.start()
         return self
 
-    def stop(self):
-        """Stop the thread; messages still in flight are left to MPI's finalize."""
+    def stop(self, together=False):
+        """Stop the thread.
+
+        With ``together`` (every rank is ending normally) the ranks then wait
+        for each other and take in the last heartbeats, so none is left in
+        flight when MPI finalizes; after a failure nothing waits for anyone.
+        """
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5 * self.interval + 1)
         if getattr(self.session.exchanger, "stall_handler", None) == self.on_stall:
             self.session.exchanger.stall_handler = None
-        deadline = time.monotonic() + 1.0
+        self.phase = "finished"
+        if self.comm is None:
+            return
+        deadline = time.monotonic() + 2.0
         while self._sends and time.monotonic() < deadline:
             self._sends = [r for r in self._sends if not r.Test()]
             time.sleep(0.001)
-        self.phase = "finished"
+        if together:
+            barrier = self.comm.Ibarrier()
+            deadline = time.monotonic() + self.timeout
+            while not barrier.Test() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            self._receive()
 
     # -- what the main thread tells it ------------------------------------------------
     def on_stall(self, what, waited, frame=None):

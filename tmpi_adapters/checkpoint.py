@@ -153,6 +153,22 @@ def write_atomic(directory, name, data):
     return final
 
 
+def remove_stale_partials(directory):
+    """Delete ``.partial`` files left by writers that died mid-write."""
+    from .launcher import process_alive
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        match = re.match(r"^\.checkpoint-step\d+\.tmpi\.(\d+)\.partial$", name)
+        if match and not process_alive(int(match.group(1))):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
 def list_checkpoints(directory):
     """Checkpoint files in ``directory``, oldest first (by time written, then name)."""
     try:
@@ -185,7 +201,7 @@ def fingerprint(args, kwargs):
     for value in items:
         if isinstance(value, np.ndarray):
             crc = zlib.crc32(("%s%s" % (value.shape, value.dtype.str)).encode(), crc)
-            if value.size:
+            if value.size and not value.dtype.hasobject:  # pointers differ run to run
                 flat = value.reshape(-1) if value.flags.c_contiguous else \
                     np.ascontiguousarray(value[:2]).reshape(-1)
                 count = max(1, FINGERPRINT_BYTES // max(flat.itemsize, 1))
@@ -480,6 +496,7 @@ class Checkpointer:
             except OSError as exc:
                 raise CheckpointError("cannot create --checkpoint-dir %s: %s."
                                       % (self.directory, exc.strerror or exc))
+            remove_stale_partials(self.directory)
         self.streams.install()
         self.session.call_interceptor = self.intercept
         self.session.before_finish.append(self.script_ended)

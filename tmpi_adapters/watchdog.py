@@ -333,8 +333,11 @@ class Watchdog:
         if self._last_report is None:
             if stalled < self.timeout + 2 * self.interval:
                 return  # let ranks that stalled at the same moment say so first
-            if (lowest != self.rank or reported_elsewhere) and not overdue:
-                return
+            if lowest != self.rank or reported_elsewhere:
+                # Another rank speaks; in abort mode speak anyway once it is
+                # long overdue (that rank may be unable to).
+                if not (overdue and self.on_stall_action == "abort"):
+                    return
         elif now - self._last_report < self.timeout:
             return
         self._last_report = now

@@ -163,7 +163,10 @@ class Reliability:
             # A communicator of our own: control collectives never match the
             # script's or the rule's by accident.
             self.control = session.comm.Dup()
-            session.before_finish.append(self.finish_together)
+            if session.rule.exchanges == "gradients":
+                # Parameter rules (asynchronous ones above all) drain their
+                # messages in finish(); a barrier before it could starve them.
+                session.before_finish.append(self.finish_together)
         self.watchdog = Watchdog(session, on_stall=self.settings.on_stall,
                                  heartbeats=heartbeats).start()
         if self.settings.nonfinite != "off":
@@ -176,9 +179,10 @@ class Reliability:
     def finish_together(self):
         """Every rank reaches the end of the script before the end-of-run exchanges.
 
-        A rank that runs out of batches early would otherwise pair its summary
-        exchange with the others' gradient exchange; here it waits on a
-        communicator of its own, and a stall names who is still training.
+        Under a gradient rule every step is a collective, so a rank that runs
+        out of batches early would otherwise pair its end-of-run exchanges
+        with the others' gradient exchange; here it waits on a communicator
+        of its own, and a stall names who is still training.
         """
         self.watchdog.phase = "finishing"
         self.watchdog.wait(self.control.Ibarrier(), "the end of the script (barrier)")

@@ -160,3 +160,19 @@ def test_a_crash_while_writing_never_destroys_the_previous_checkpoint(tmp_path):
     header, state = decode(open(previous, "rb").read(), previous)
     assert state == {"good": True}
     shutil.rmtree(tmp_path)
+
+
+def test_theano_random_streams_resume_exactly(tmp_path):
+    # Dropout from MRG streams inside the training function, noise from a
+    # RandomStreams function between epochs: the run that wrote the
+    # checkpoints is the uninterrupted one, and the resume must print the same.
+    script = ROOT / "tests" / "scripts" / "reliability_dropout.py"
+    original = check(tmpi("wrap", "-n", "1", "--seed", "2", "--checkpoint-dir", tmp_path,
+                          "--checkpoint-every", "1epochs", script, "4"))
+    resumed = check(tmpi("wrap", "-n", "1", "--resume",
+                         tmp_path / "checkpoint-step00000012.tmpi", script, "4"))
+    assert "resumed at step 12" in resumed.stdout
+
+    def printed(stdout):
+        return [line for line in stdout.splitlines() if line.startswith(("epoch", "final"))]
+    assert printed(resumed.stdout) == printed(original.stdout)

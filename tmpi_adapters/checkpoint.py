@@ -411,8 +411,8 @@ class RandomStreams:
             seeds = stream.gen_seedgen.get_state() if hasattr(stream, "gen_seedgen") else \
                 np.array(stream.rstate, copy=True)
             states.append({"class": type(stream).__name__, "seeds": seeds,
-                           "states": [copy.deepcopy(v.get_value(borrow=True))
-                                      for v, _ in stream.state_updates]})
+                           "states": [copy.deepcopy(update[0].get_value(borrow=True))
+                                      for update in stream.state_updates]})
         return states
 
     def restore(self, states):
@@ -430,8 +430,9 @@ class RandomStreams:
                 stream.gen_seedgen.set_state(saved["seeds"])
             else:
                 stream.rstate = np.array(saved["seeds"], copy=True)
-            for (variable, _), value in zip(stream.state_updates, saved["states"]):
-                variable.set_value(copy.deepcopy(value), borrow=True)
+            # (variable, update) pairs; MRG streams add size and stream count.
+            for update, value in zip(stream.state_updates, saved["states"]):
+                update[0].set_value(copy.deepcopy(value), borrow=True)
 
 
 # ------------------------------------------------------------- the checkpointer

@@ -136,8 +136,10 @@ def user_traceback(error):
 
 
 def _library_name(filename):
+    real = os.path.realpath(filename)
+    if real.startswith(os.path.dirname(os.path.realpath(__file__)) + os.sep):
+        return "tmpi"
     for prefix in _LIBRARY_DIRS:
-        real = os.path.realpath(filename)
         if real.startswith(prefix):
             rest = real[len(prefix):].split(os.sep)
             return rest[0] if rest[0] not in ("site-packages", "dist-packages") else rest[1]

@@ -479,27 +479,29 @@ class ObservedFunction:
     """A compiled function tmpi does not distribute (validation, prediction).
 
     Calls go through the session's call interceptor, so a checkpoint resume
-    can replay what the function returned; everything else is the function's.
+    can replay what the function returned; every other attribute is the
+    function's own (Theano itself calls ``f.fn()`` and ``f.input_storage`` on
+    some functions, so this wrapper's own names stay out of their way).
     """
 
     def __init__(self, session, fn, key, has_updates):
-        self.session = session
-        self.fn = fn
+        self._tmpi_session = session
+        self._tmpi_fn = fn
         self.key = key
         #: functions with updates change state and always really run
         self.has_updates = has_updates
 
     def __getattr__(self, name):
-        return getattr(self.fn, name)
+        return getattr(self._tmpi_fn, name)
 
     def __repr__(self):
-        return "<tmpi ObservedFunction %s of %r>" % (self.key, self.fn)
+        return "<tmpi ObservedFunction %s of %r>" % (self.key, self._tmpi_fn)
 
     def __call__(self, *args, **kwargs):
-        intercept = self.session.call_interceptor
+        intercept = self._tmpi_session.call_interceptor
         if intercept is None:
-            return self.fn(*args, **kwargs)
-        return intercept(self, "other", self.fn, args, kwargs)
+            return self._tmpi_fn(*args, **kwargs)
+        return intercept(self, "other", self._tmpi_fn, args, kwargs)
 
 
 def _hold(args, kwargs):

@@ -474,7 +474,13 @@ class Checkpointer:
         self.control = control
         self.directory = settings.checkpoint_dir
         self.writer = self.rank == 0 and bool(self.directory)
-        self.every, self.unit = settings.checkpoint_every
+        if settings.checkpoint_every is None:
+            from .reliability import DEFAULT_MAX_GAP, DEFAULT_MIN_GAP
+            self.every, self.unit = 1, "epochs"
+            self.min_gap, self.max_gap = DEFAULT_MIN_GAP, DEFAULT_MAX_GAP
+        else:
+            self.every, self.unit = settings.checkpoint_every
+            self.min_gap, self.max_gap = 0.0, None
         self.log = CallLog() if self.writer else None
         self.streams = RandomStreams()
         self.replay = None
@@ -551,15 +557,22 @@ class Checkpointer:
             # The script left its training loop (to validate): an epoch ended.
             self.epochs += 1
             if self.unit == "epochs" and self.epochs % self.every == 0:
-                self.due = True
+                self._make_due()
         self._last_kind = kind
 
     def _count_after(self, kind):
         if kind == "train":
             self.train_calls += 1
             if self.unit == "steps" and self.train_calls % self.every == 0:
-                self.due = True
-        if self.unit == "seconds" and time.monotonic() - self._last_time >= self.every:
+                self._make_due()
+        since = time.monotonic() - self._last_time
+        if self.unit == "seconds" and since >= self.every or \
+                self.max_gap is not None and since >= self.max_gap:
+            self.due = True
+
+    def _make_due(self):
+        # The default policy writes at most every min_gap seconds after the first.
+        if not self.written or time.monotonic() - self._last_time >= self.min_gap:
             self.due = True
 
     def after_step(self, model):
@@ -567,7 +580,7 @@ class Checkpointer:
         per_epoch = getattr(model, "n_batch_train", None)
         if per_epoch and self.unit == "epochs" and model.step % per_epoch == 0 and \
                 (model.step // per_epoch) % self.every == 0:
-            self.due = True
+            self._make_due()
 
     # -- writing ----------------------------------------------------------------------------
     def capture(self):

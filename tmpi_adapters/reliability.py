@@ -31,8 +31,11 @@ _UNITS = {"": "steps", "step": "steps", "steps": "steps", "epoch": "epochs",
           "h": "seconds"}
 _SECONDS = {"s": 1, "sec": 1, "min": 60, "h": 3600}
 
-#: Where a checkpoint is written when none of ``--checkpoint-every`` is given.
-DEFAULT_EVERY = "30min"
+#: Without ``--checkpoint-every``: at the end of every epoch, but not more
+#: often than :data:`DEFAULT_MIN_GAP` seconds, and at least every
+#: :data:`DEFAULT_MAX_GAP` seconds (for scripts whose epochs tmpi cannot see).
+DEFAULT_MIN_GAP = 60.0
+DEFAULT_MAX_GAP = 1800.0
 
 
 def parse_every(text):
@@ -58,7 +61,7 @@ class Settings:
     """The reliability options of one run, parsed and checked."""
 
     checkpoint_dir: str = None
-    checkpoint_every: tuple = None
+    checkpoint_every: tuple = None  #: ``(count, unit)``; None for the default policy
     checkpoint_keep: int = 3
     resume: str = None
     on_stall: str = "report"
@@ -70,7 +73,8 @@ class Settings:
         extra = extra or {}
         settings = cls(
             checkpoint_dir=extra.get("checkpoint_dir") or None,
-            checkpoint_every=parse_every(extra.get("checkpoint_every") or DEFAULT_EVERY),
+            checkpoint_every=(parse_every(extra["checkpoint_every"])
+                              if extra.get("checkpoint_every") else None),
             checkpoint_keep=_positive_int("--checkpoint-keep",
                                           extra.get("checkpoint_keep") or 3),
             resume=extra.get("resume") or None,
@@ -126,7 +130,8 @@ def tmpi_add_arguments(parser):
     group.add_argument("--checkpoint-every", metavar="N[UNIT]",
                        type=_argparse_type(parse_every),
                        help="checkpoint every N steps (default unit), Nepochs, or a time "
-                            "(30s, 10min, 1h); default %s" % DEFAULT_EVERY)
+                            "(30s, 10min, 1h); default: every epoch, at most once a "
+                            "minute and at least every 30 minutes")
     group.add_argument("--checkpoint-keep", metavar="K",
                        type=_argparse_type(lambda v: _positive_int("--checkpoint-keep", v)),
                        help="keep the newest K checkpoints of this run (default 3)")

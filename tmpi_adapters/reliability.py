@@ -123,7 +123,7 @@ def _argparse_type(check):
 
 @hookimpl
 def tmpi_add_arguments(parser):
-    group = parser
+    group = parser  # the CLI's "plugins" argument group
     group.add_argument("--checkpoint-dir", metavar="DIR",
                        help="write checkpoints to DIR (rank 0): atomically, every "
                             "--checkpoint-every and when the script ends")

@@ -159,10 +159,10 @@ class Session:
     # -- steps ----------------------------------------------------------------------
     def begin_step(self, model, weight):
         """Called just before a training step runs ``weight`` rows on this rank."""
+        self.stepping = model
         if not model.synchronized:
             self.synchronize(model)
         self._weight = weight
-        self.stepping = model
         self.recorder.begin_step()
 
     def end_step(self, model, samples):

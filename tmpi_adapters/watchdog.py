@@ -128,10 +128,13 @@ def stall_report(statuses, reporter, now, interval, on_stall):
     missing = missing_ranks(statuses, reporter)
     waiting = sorted(r for r, s in statuses.items() if r not in missing and s and
                      s.get("stall") and s["stall"]["what"] == stall["what"]) or [reporter]
-    head = "tmpi: stall: %s waited %.0f s in %s; %s %s not reached it." % (
-        format_ranks(waiting), stall["waited"] + now - mine["time"], stall["what"],
-        format_ranks(missing) if missing else "every rank seems to be somewhere else, and "
-        "none", "has" if len(missing) == 1 else "have")
+    head = "tmpi: stall: %s waited %.0f s in %s; " % (
+        format_ranks(waiting), stall["waited"] + now - mine["time"], stall["what"])
+    if missing:
+        head += "%s %s not reached it." % (format_ranks(missing),
+                                           "has" if len(missing) == 1 else "have")
+    else:
+        head += "the ranks wait on each other in different places."
     groups = {}
     for rank, status in sorted(statuses.items()):
         groups.setdefault(describe_status(status, now, interval), []).append(rank)

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import theano
 import theano.tensor as T
+from mpi4py import MPI
 
 rank = int(os.environ.get("PMI_RANK", "0"))
 mode = sys.argv[1]
@@ -29,6 +30,9 @@ def validate_on_rank0_only(seconds):
         time.sleep(0.01)
 
 
+# Start together: compiling may take one rank much longer than the other on a
+# loaded machine, and this test's stall timeout is short.
+MPI.COMM_WORLD.Barrier()
 batches = 12 if mode == "uneven" and rank == 1 else 20
 for step in range(batches):
     train(np.ones((4, 3)))

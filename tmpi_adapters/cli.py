@@ -159,15 +159,17 @@ def cmd_wrap(argv):
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, str(namespace.threads_per_rank))
     options = options_from_args(namespace)
-    if not os.path.isfile(script):
-        raise TmpiError("script %r not found (working directory %s)." % (script, os.getcwd()))
+    from .launcher import check_script
+    check_script(script)
     if not options.framework:
         from .runtime import detect_framework
         options.framework = detect_framework(script)
         if options.framework is None:
             raise TmpiError("could not tell which framework %r uses (it imports none of "
                             "theano, keras, lasagne, blocks); pass --framework." % script)
-    n = namespace.n or 1
+    n = 1 if namespace.n is None else namespace.n
+    if n < 1:
+        raise TmpiError("-n must be at least 1, not %d." % n)
     check_choices(options, n)
     from .launcher import launch
     return launch(script, rest, options, n=n, mpiexec=namespace.mpiexec,

@@ -31,3 +31,9 @@ class NonFiniteError(TmpiError):
     """NaN or Inf found in gradients or parameters at the exchange."""
 
     exit_code = 5
+
+
+class CheckpointError(TmpiError):
+    """A checkpoint is missing, corrupt, or belongs to another model or run."""
+
+    exit_code = 6

@@ -3,9 +3,12 @@
 ``python -m tmpi_adapters.runtime SCRIPT [ARGS...]`` is what ``tmpi wrap``
 starts on every rank (options arrive in ``TMPI_OPTIONS``).
 """
+import functools
 import os
 import runpy
+import socket
 import sys
+import sysconfig
 import time
 import traceback
 
@@ -27,6 +30,29 @@ def mpi_rank_size():
 
 def job_dir():
     return os.environ.get(JOB_DIR_ENV)
+
+
+def rank_file(directory, rank, kind):
+    """``<directory>/rank<N>.<kind>``: the files a rank leaves for the launcher.
+
+    ``pid`` (``"<pid> <host>"``, written at start), ``stderr`` (non-zero
+    ranks' stderr), ``done`` (the script finished), ``failed`` (a failure was
+    reported and the job is being aborted).
+    """
+    return os.path.join(directory, "rank%d.%s" % (rank, kind))
+
+
+def mark(rank, kind, text=""):
+    """Leave ``rank<N>.<kind>`` in the job directory (no-op outside ``tmpi wrap``)."""
+    directory = job_dir()
+    if not directory:
+        return
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(rank_file(directory, rank, kind), "w") as handle:
+            handle.write(text)
+    except OSError:
+        pass  # the launcher only loses a detail of its final message
 
 
 def route_output(options, rank, size):
@@ -53,7 +79,11 @@ def route_output(options, rank, size):
     os.dup2(devnull, 1)
     os.close(devnull)
     directory = job_dir()
-    target = os.path.join(directory, "rank%d.stderr" % rank) if directory else os.devnull
+    target = rank_file(directory, rank, "stderr") if directory else os.devnull
+    if directory:
+        # On other machines of a multi-node job the launcher's directory does
+        # not exist; the file then stays local to that machine.
+        os.makedirs(directory, exist_ok=True)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 2)
     os.close(fd)
@@ -68,19 +98,74 @@ def report(text):
         pass
 
 
+#: Where installed libraries and the standard library live: their frames are
+#: summarised in failure reports, so the traceback shows the user's code.
+_LIBRARY_DIRS = tuple(sorted({os.path.realpath(p) + os.sep for p in (
+    sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"),
+    sysconfig.get_paths().get("stdlib"), os.path.dirname(os.path.abspath(__file__)))
+    if p}))
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_library_frame(filename):
+    return os.path.realpath(filename).startswith(_LIBRARY_DIRS) or filename.startswith("<")
+
+
+def user_traceback(error):
+    """The traceback of ``error`` with library frames folded into one line each run.
+
+    tmpi's own frames, the standard library's and installed packages' (Theano,
+    numpy, mpi4py) say nothing the user can act on; the user's frames stay.
+    """
+    frames = traceback.extract_tb(error.__traceback__)
+    lines, hidden = ["Traceback (most recent call last):\n"], []
+    for frame in frames:
+        if _is_library_frame(frame.filename):
+            hidden.append(frame)
+            continue
+        if hidden and len(lines) > 1:  # frames before the user's (runpy, tmpi) say nothing
+            lines.append("  ... %d frame(s) inside libraries\n" % len(hidden))
+        hidden = []
+        lines.extend(traceback.format_list([frame]))
+    if hidden and len(lines) > 1:
+        lines.append("  ... %d frame(s) inside libraries, from %s\n"
+                     % (len(hidden), _library_name(hidden[-1].filename)))
+    if len(lines) == 1:
+        return ""
+    return "".join(lines)
+
+
+def _library_name(filename):
+    real = os.path.realpath(filename)
+    if real.startswith(os.path.dirname(os.path.realpath(__file__)) + os.sep):
+        return "tmpi"
+    for prefix in _LIBRARY_DIRS:
+        if real.startswith(prefix):
+            rest = real[len(prefix):].split(os.sep)
+            return rest[0] if rest[0] not in ("site-packages", "dist-packages") else rest[1]
+    return os.path.basename(filename)
+
+
+def _first_line(error, limit=2000):
+    """The exception's message, cut where libraries append pages of debugging hints."""
+    text = str(error)
+    for marker in ("\nApply node that caused the error", "\nHINT:", "\nBacktrace when"):
+        text = text.split(marker, 1)[0]
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def describe_failure(error, rank, size):
     """The paragraph a user sees for an exception that ended a rank."""
     where = "" if size == 1 else " (rank %d)" % rank
     if isinstance(error, TmpiError):
         return "tmpi: error%s: %s" % (where, error)
-    lines = traceback.format_exception(type(error), error, error.__traceback__)
-    # Drop tmpi's own frames before the user's script so the traceback starts
-    # where the user's code does.
-    here = os.path.dirname(os.path.abspath(__file__))
-    kept = [lines[0]] + [line for line in lines[1:-1]
-                         if not line.lstrip().startswith('File "%s' % here)] + [lines[-1]]
-    return "".join(kept) + "tmpi: rank %d of %d failed: %s: %s" % (
-        rank, size, type(error).__name__, error)
+    if isinstance(error, OSError) and error.filename is not None:
+        return ("%stmpi: rank %d of %d failed: the script could not use %r: %s. Paths are "
+                "relative to the working directory %s." % (
+                    user_traceback(error), rank, size, error.filename,
+                    error.strerror or error, os.getcwd()))
+    return "%stmpi: rank %d of %d failed: %s: %s" % (
+        user_traceback(error), rank, size, type(error).__name__, _first_line(error))
 
 
 def fail(error, rank, size):
@@ -91,6 +176,8 @@ def fail(error, rank, size):
         # end the job; speak only if it has not within a moment.
         time.sleep(2.0)
     report(describe_failure(error, rank, size))
+    # Tells the launcher this failure was reported, so it adds nothing.
+    mark(rank, "failed", type(error).__name__)
     if size > 1:
         from mpi4py import MPI
         MPI.COMM_WORLD.Abort(code)
@@ -157,9 +244,7 @@ def main(argv=None):
     route_output(options, rank, size)
     session = None
     try:
-        if directory := job_dir():
-            with open(os.path.join(directory, "rank%d.pid" % rank), "w") as handle:
-                handle.write(str(os.getpid()))
+        mark(rank, "pid", "%d %s" % (os.getpid(), socket.gethostname()))
         if not options.framework:
             options.framework = detect_framework(script) or "theano"
         import_theano_in_rank_order(options, rank, size)
@@ -167,6 +252,7 @@ def main(argv=None):
         session = Session(options, script=script).start()
         run_script(script, args, session)
         session.finish()
+        mark(rank, "done")
     except BaseException as error:  # noqa: B902 - every failure must end the job
         if session is not None and session.started:
             try:
@@ -175,6 +261,7 @@ def main(argv=None):
                 pass
         if isinstance(error, KeyboardInterrupt):
             report("tmpi: interrupted (rank %d)" % rank)
+            mark(rank, "failed", "KeyboardInterrupt")
             if size > 1:
                 from mpi4py import MPI
                 MPI.COMM_WORLD.Abort(130)
@@ -183,4 +270,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    # Run the importable module, not this ``__main__`` copy of it, so state set
+    # here (the report descriptor) is the state other modules see.
+    from tmpi_adapters.runtime import main as _main
+    _main()

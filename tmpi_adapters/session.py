@@ -59,6 +59,17 @@ class Session:
         self._weight = None
         self._exchange_seconds = 0.0
         self.functions_compiled = 0
+        #: the model whose training step is running, else None (read by watchdogs)
+        self.stepping = None
+        #: ``interceptor(function, kind, run, args, kwargs)`` around every call of
+        #: a function tmpi handed the script (``kind`` "train" or "other"); a
+        #: plugin may record, replay or skip calls (checkpoint resume does)
+        self.call_interceptor = None
+        #: ``observer(model, grads, reduced, weight)`` after every gradient exchange
+        self.gradient_observers = []
+        #: callables run on every rank when the script has returned, before
+        #: rules finish and the summary is exchanged
+        self.before_finish = []
 
         exchanger_name = self.options.exchanger or self.pm.hook.tmpi_select_exchanger(
             session=self)
@@ -89,6 +100,8 @@ class Session:
         global _current
         try:
             if error is None:
+                for callback in self.before_finish:
+                    callback()
                 self.adapter.flush()
                 for model in self.models:
                     if model.step > 0:
@@ -146,6 +159,7 @@ class Session:
     # -- steps ----------------------------------------------------------------------
     def begin_step(self, model, weight):
         """Called just before a training step runs ``weight`` rows on this rank."""
+        self.stepping = model
         if not model.synchronized:
             self.synchronize(model)
         self._weight = weight
@@ -160,6 +174,7 @@ class Session:
         self.recorder.add_exchange(time.perf_counter() - start)
         self.recorder.end_step(samples, outputs=outputs, model=model)
         self._weight = None
+        self.stepping = None
         self.pm.hook.tmpi_after_step(session=self, model=model, step=model.step,
                                      samples=samples)
 
@@ -192,9 +207,12 @@ class Session:
         start = time.perf_counter()
         with self.exchanger.borrowing():
             results = self.rule.reduce_gradients(grads, self._weight)
-        scale = self.gradient_scale(self._current_model(key))
+        model = self._current_model(key)
+        scale = self.gradient_scale(model)
         if scale != 1.0:
             results = [r * r.dtype.type(scale) for r in results]
+        for observe in self.gradient_observers:
+            observe(model, grads, results, self._weight)
         self.recorder.add_exchange(time.perf_counter() - start)
         return results
 

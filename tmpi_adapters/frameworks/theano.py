@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import TmpiError
 from ..pluginmanager import hookimpl
-from ..protocol import ModelProtocol
+from ..protocol import ModelProtocol, variable_name
 from ..session import check_ranks_vs_rows
 from .base import FrameworkAdapter, imports_module
 
@@ -165,7 +165,7 @@ class TheanoAdapter(FrameworkAdapter):
         markers = sorted({v.owner for v in _ancestors(graph) if _is_marker(v)},
                          key=lambda node: node.op.index)
         if not markers:
-            return self.compile(*args, **kwargs)
+            return self._observed(self.compile(*args, **kwargs), params)
         updated = [var for var, _ in update_pairs]
         params_of = []
         for node in markers:
@@ -176,10 +176,18 @@ class TheanoAdapter(FrameworkAdapter):
             # Gradients used for something other than training (a norm to
             # monitor, a saliency map): plain values, no exchange.
             replace = {node.outputs[0]: node.inputs[0] for node in markers}
-            return self.compile(*self._rebuilt(bound, output_list, rebuild_outputs,
-                                               update_pairs, replace, updates))
+            return self._observed(self.compile(*self._rebuilt(
+                bound, output_list, rebuild_outputs, update_pairs, replace, updates)), params)
         return self._training_function(bound, output_list, rebuild_outputs, update_pairs,
                                        updates, markers, params_of)
+
+    def _observed(self, compiled, params):
+        """A function that is not distributed, routed through the session's call
+        interceptor when one is set (checkpoint replay answers for it)."""
+        if self.session.call_interceptor is None:
+            return compiled
+        key = "%s~%d" % (params.get("name") or "function", self.session.functions_compiled)
+        return ObservedFunction(self.session, compiled, key, bool(params.get("updates")))
 
     def _rebuilt(self, bound, output_list, rebuild_outputs, update_pairs, replace, updates,
                  givens=None):
@@ -285,6 +293,8 @@ class TheanoAdapter(FrameworkAdapter):
         # Names for the recorder's loss/accuracy curves (None where unnamed).
         model.output_names = [getattr(getattr(o, "variable", o), "name", None)
                               for o in output_list]
+        # The exchanged gradients' order, for messages about them.
+        model.gradient_names = [variable_name(node.op.wrt, i) for i, node in enumerate(markers)]
         function_class = self.function_class or DistributedFunction
         function = function_class(self, compiled, model, sliced, bounds_fn,
                                   single_output=rebuild_outputs.single)
@@ -426,8 +436,19 @@ class DistributedFunction:
             return a
         return [cut(a) for a in args], {k: cut(v) for k, v in kwargs.items()}
 
+    @property
+    def key(self):
+        """Names this function in checkpoints and messages."""
+        return self.model.name
+
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        intercept = self.session.call_interceptor
+        if intercept is not None:
+            return intercept(self, "train", self._call, args, kwargs)
+        return self._call(*args, **kwargs)
+
+    def _call(self, *args, **kwargs):
         session = self.session
         self.calls += 1
         mode = self.adapter.batch_mode()
@@ -512,6 +533,35 @@ class DistributedFunction:
             return
         if (self.calls - 2) % self.session.size != self.session.size - 1:
             self._run_stash()
+
+
+class ObservedFunction:
+    """A compiled function tmpi does not distribute (validation, prediction).
+
+    Calls go through the session's call interceptor, so a checkpoint resume
+    can replay what the function returned; every other attribute is the
+    function's own (Theano itself calls ``f.fn()`` and ``f.input_storage`` on
+    some functions, so this wrapper's own names stay out of their way).
+    """
+
+    def __init__(self, session, fn, key, has_updates):
+        self._tmpi_session = session
+        self._tmpi_fn = fn
+        self.key = key
+        #: functions with updates change state and always really run
+        self.has_updates = has_updates
+
+    def __getattr__(self, name):
+        return getattr(self._tmpi_fn, name)
+
+    def __repr__(self):
+        return "<tmpi ObservedFunction %s of %r>" % (self.key, self._tmpi_fn)
+
+    def __call__(self, *args, **kwargs):
+        intercept = self._tmpi_session.call_interceptor
+        if intercept is None:
+            return self._tmpi_fn(*args, **kwargs)
+        return intercept(self, "other", self._tmpi_fn, args, kwargs)
 
 
 def _hold(args, kwargs):

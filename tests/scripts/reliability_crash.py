@@ -1,0 +1,32 @@
+"""Trains a small model for many steps; rank 1 fails at a given step.
+
+``reliability_crash.py raise STEP``   rank 1 raises an exception
+``reliability_crash.py exit STEP``    rank 1 leaves with os._exit(0), skipping MPI's finalize
+"""
+import os
+import sys
+
+import numpy as np
+import theano
+import theano.tensor as T
+
+mode, fail_at = sys.argv[1], int(sys.argv[2])
+rank = int(os.environ.get("PMI_RANK", "0"))
+
+x = T.matrix("x")
+W = theano.shared(np.zeros((3, 2)), name="W")
+loss = T.sqr(T.dot(x, W) - 1).mean()
+train = theano.function([x], loss, updates=[(W, W - 0.1 * T.grad(loss, W))], name="train")
+
+
+def load_batch(step):
+    if rank == 1 and step == fail_at:
+        if mode == "raise":
+            raise ValueError("batch %d of rank 1 is unreadable" % step)
+        if mode == "exit":
+            os._exit(0)
+    return np.ones((4, 3))
+
+
+for step in range(100000):
+    train(load_batch(step))

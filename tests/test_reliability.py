@@ -1,0 +1,175 @@
+"""A rank that dies ends the whole job, fast, naming the rank; nothing is left running.
+
+Ranks are really killed (SIGKILL) or really fail under the installed mpiexec.
+The time from the failure to the end of the job is printed (``-s``); the
+tests only bound it generously, timings are not what they judge.
+"""
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from conftest import EXAMPLES, ROOT, SCRIPTS, TMPI, rank_env
+
+MLP = EXAMPLES / "theano_mlp" / "train.py"
+CRASH = SCRIPTS / "reliability_crash.py"
+
+#: Generous bound for a job to end once a rank failed; the target is 15 s.
+END_TIMEOUT = 60
+#: Bound for a job to start training on a loaded machine (Theano may compile).
+START_TIMEOUT = 300
+
+TOKEN_ENV = "TMPI_RELIABILITY_TEST_TOKEN"
+
+
+class Job:
+    """``tmpi ARGS...`` running in the background, its output read as it comes.
+
+    Every process of the job inherits a unique token in its environment, so
+    the test can find the ranks (and any process left behind) in ``/proc``.
+    """
+
+    def __init__(self, *args, env=None):
+        self.token = uuid.uuid4().hex
+        env = dict(env or rank_env())
+        env[TOKEN_ENV] = self.token
+        self.stdout, self.stderr = [], []
+        self.process = subprocess.Popen([TMPI] + [str(a) for a in args], env=env, cwd=ROOT,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+        self._readers = [threading.Thread(target=self._read, args=(stream, sink), daemon=True)
+                         for stream, sink in ((self.process.stdout, self.stdout),
+                                              (self.process.stderr, self.stderr))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream, sink):
+        for line in iter(stream.readline, ""):
+            sink.append(line)
+
+    def wait_for_output(self, text, timeout=START_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.stdout):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.kill()
+        pytest.fail("%r never appeared (exit %s)\n--- stdout\n%s\n--- stderr\n%s" % (
+            text, self.process.poll(), "".join(self.stdout)[-3000:],
+            "".join(self.stderr)[-3000:]))
+
+    def processes(self):
+        """``{pid: environment}`` of every live process carrying this job's token."""
+        marker = ("%s=%s" % (TOKEN_ENV, self.token)).encode()
+        found = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open("/proc/%s/environ" % entry, "rb") as handle:
+                    variables = handle.read().split(b"\0")
+                with open("/proc/%s/stat" % entry) as handle:
+                    state = handle.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker in variables and state != "Z":
+                found[int(entry)] = dict(v.decode("utf-8", "replace").split("=", 1)
+                                         for v in variables if b"=" in v)
+        return found
+
+    def rank_pid(self, rank):
+        for pid, env in self.processes().items():
+            if env.get("PMI_RANK") == str(rank):
+                return pid
+        raise AssertionError("rank %d of the job is not running" % rank)
+
+    def finish(self, timeout=END_TIMEOUT):
+        """Wait for the job; returns (exit status, stdout, stderr)."""
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail("the job did not end within %d s\n--- stderr\n%s"
+                        % (timeout, "".join(self.stderr)[-3000:]))
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return code, "".join(self.stdout), "".join(self.stderr)
+
+    def kill(self):
+        """Test cleanup: SIGKILL every process of this job (found by its token)."""
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def own_lines(stderr):
+    """stderr without Theano's notes about waiting for its shared compile cache."""
+    return "".join(line for line in stderr.splitlines(True) if "compilelock" not in line)
+
+
+@pytest.mark.mpi
+def test_sigkill_of_a_rank_in_a_long_bsp_run_ends_the_job_naming_it():
+    job = Job("wrap", "-n", "2", MLP, "--epochs", "100000", "--batch-size", "16")
+    try:
+        job.wait_for_output("epoch  2/")
+        os.kill(job.rank_pid(1), signal.SIGKILL)
+        killed = time.monotonic()
+        code, stdout, stderr = job.finish()
+        elapsed = time.monotonic() - killed
+    finally:
+        job.kill()
+    print("job ended %.2f s after SIGKILL of rank 1" % elapsed)
+    assert code != 0
+    assert "tmpi: rank 1 (pid" in stderr and "SIGKILL" in stderr, stderr
+    assert "BAD TERMINATION" not in stdout + stderr  # the launcher's banner is replaced
+    assert not job.processes(), "processes left behind: %s" % job.processes()
+
+
+@pytest.mark.mpi
+def test_exception_in_a_rank_ends_the_job_with_the_error():
+    job = Job("wrap", "-n", "2", CRASH, "raise", "300")
+    code, _, stderr = job.finish(timeout=START_TIMEOUT)
+    assert code != 0
+    assert "tmpi: rank 1 of 2 failed: ValueError: batch 300 of rank 1 is unreadable" in stderr
+    assert 'reliability_crash.py", line' in stderr  # the user's frame, nothing deeper
+    ours = own_lines(stderr)
+    assert "tmpi_adapters" not in ours and "theano" not in ours.lower(), ours
+    assert stderr.count("failed: ValueError") == 1
+    assert not job.processes()
+
+
+@pytest.mark.mpi
+def test_rank_leaving_without_finalize_is_not_a_success():
+    # mpiexec ends such a job at once, with the vanished rank's status: 0.
+    job = Job("wrap", "-n", "2", CRASH, "exit", "300")
+    code, _, stderr = job.finish(timeout=START_TIMEOUT)
+    assert code != 0, stderr
+    assert "did not finish the script" in stderr and "os._exit" in stderr, stderr
+
+
+@pytest.mark.mpi
+def test_killing_tmpi_itself_leaves_no_rank_behind():
+    job = Job("wrap", "-n", "2", MLP, "--epochs", "100000", "--batch-size", "16")
+    try:
+        job.wait_for_output("epoch  2/")
+        ranks = [pid for pid, env in job.processes().items() if "PMI_RANK" in env]
+        assert len(ranks) == 2
+        job.process.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        while job.processes() and time.monotonic() - killed < END_TIMEOUT:
+            time.sleep(0.1)
+        left = job.processes()
+        print("all ranks gone %.2f s after SIGKILL of tmpi" % (time.monotonic() - killed))
+    finally:
+        job.kill()
+        job.process.wait()
+    assert not left, "left behind after tmpi was killed: %s" % sorted(left)

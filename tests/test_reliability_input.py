@@ -1,0 +1,139 @@
+"""Bad input: each case one clear paragraph and a non-zero exit, never a deep traceback.
+
+(Corrupt and incompatible checkpoints are in ``test_reliability_checkpoint.py``.)
+"""
+import pytest
+
+from conftest import EXAMPLES, SCRIPTS, rank_env, tmpi
+from test_reliability import START_TIMEOUT, own_lines
+
+MLP = EXAMPLES / "theano_mlp" / "train.py"
+
+
+def fails_with(result, *texts):
+    """Assert a clear failure: non-zero, every text in stderr, no traceback."""
+    stderr = own_lines(result.stderr)
+    assert result.returncode != 0, stderr
+    for text in texts:
+        assert text in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+    return stderr
+
+
+@pytest.mark.parametrize("args,texts", [
+    (["--framework", "caffe"], ["unknown framework 'caffe'. Installed frameworks:", "theano"]),
+    (["--rule", "hogwild"], ["unknown rule 'hogwild'. Installed rules: ", "bsp",
+                             "tmpi plugins"]),
+    (["--exchanger", "smoke"], ["unknown exchanger 'smoke'. Installed exchangers:", "mpi"]),
+])
+def test_unknown_framework_rule_or_exchanger_lists_the_installed_ones(args, texts):
+    fails_with(tmpi("wrap", *args, MLP), *texts)
+
+
+def test_rule_of_a_plugin_not_installed_names_the_distribution():
+    result = tmpi("wrap", "--rule", "easgd", MLP,
+                  env=rank_env(TMPI_DISABLE_PLUGIN_AUTOLOAD="1"))
+    fails_with(result, "unknown rule 'easgd'", "pip install tmpi-plugin-easgd")
+
+
+def test_missing_script(tmp_path):
+    fails_with(tmpi("wrap", "-n", "2", tmp_path / "train.py"),
+               "script %r not found" % str(tmp_path / "train.py"))
+
+
+def test_directory_given_as_script(tmp_path):
+    fails_with(tmpi("wrap", tmp_path), "is a directory; pass the training script")
+
+
+def test_script_that_is_not_python(tmp_path):
+    binary = tmp_path / "model.py"
+    binary.write_bytes(b"import theano\n\x00\x01\x02 weights")
+    fails_with(tmpi("wrap", "--framework", "theano", binary), "is not valid Python")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import theano\nfor epoch in range(3)\n    pass\n")
+    fails_with(tmpi("wrap", broken), "is not valid Python at line 2")
+
+
+def test_script_without_trainable_parameters():
+    result = tmpi("wrap", SCRIPTS / "reliability_no_params.py", timeout=START_TIMEOUT)
+    fails_with(result, "compiled 1 Theano function(s) but no training function",
+               "with respect to shared variables (the trainable parameters)")
+
+
+def test_script_without_training_function():
+    fails_with(tmpi("wrap", SCRIPTS / "no_training.py", timeout=START_TIMEOUT),
+               "but no training function")
+
+
+@pytest.mark.mpi
+def test_parameter_signature_mismatch_across_ranks():
+    result = tmpi("wrap", "-n", "2", SCRIPTS / "mismatch.py", timeout=START_TIMEOUT)
+    stderr = fails_with(result, "rank 1's model differs from rank 0's at param #0",
+                        "'W_hidden' shape (3, 5)", "shape (3, 6)")
+    assert stderr.count("differs from rank 0's") == 1
+
+
+@pytest.mark.mpi
+def test_more_ranks_than_rows_in_a_batch():
+    result = tmpi("wrap", "-n", "2", MLP, "--batch-size", "1", "--epochs", "1",
+                  timeout=START_TIMEOUT)
+    fails_with(result, "called with a batch of 1 rows on 2 ranks",
+               "each rank needs at least one row")
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--rule-option", "period=0"], "rule 'bsp' option period=0 must be > 0"),
+    (["--rule-option", "period=-2"], "rule 'bsp' option period=-2 must be > 0"),
+    (["--rule-option", "period=two"], "rule 'bsp' option period='two' is not a valid int"),
+    (["--rule-option", "mode=sync"], "option mode='sync' must be one of grad, avg"),
+    (["--rule-option", "tau"], "must look like name=value"),
+    (["--stall-timeout", "-1"], "--stall-timeout must be a positive number"),
+    (["--stall-timeout", "soon"], "argument --stall-timeout: invalid float value"),
+    (["-n", "0"], "-n must be at least 1, not 0"),
+    (["--warmup-steps", "-5"], "--warmup-steps must be >= 0"),
+    (["--bucket-bytes", "0"], "--bucket-bytes must be positive"),
+    (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+    (["--checkpoint-every", "0"], "--checkpoint-every must be positive"),
+    (["--checkpoint-every", "5weeks"], "--checkpoint-every must be a number of steps, epochs"),
+    (["--checkpoint-every", "2.5epochs"], "a number of epochs must be whole"),
+    (["--checkpoint-keep", "0"], "--checkpoint-keep must be a whole number >= 1"),
+    (["--on-stall", "ignore"], "argument --on-stall: invalid choice: 'ignore'"),
+    (["--nonfinite", "ignore"], "argument --nonfinite: invalid choice: 'ignore'"),
+])
+def test_invalid_option_values_are_refused_before_launching(args, text):
+    fails_with(tmpi("wrap", "-n", "2", *args, MLP), text)
+
+
+def test_resume_latest_needs_a_checkpoint_directory():
+    fails_with(tmpi("wrap", "--resume", "latest", MLP, timeout=START_TIMEOUT),
+               "--resume latest needs --checkpoint-dir")
+
+
+def test_missing_data_directory(tmp_path):
+    result = tmpi("wrap", SCRIPTS / "reliability_data.py", "mnist", tmp_path / "mnist",
+                  timeout=START_TIMEOUT)
+    fails_with(result, "MNIST not found at %r" % str(tmp_path / "mnist"),
+               "tmpi never downloads data")
+
+
+def test_missing_data_file_read_by_the_script(tmp_path):
+    result = tmpi("wrap", SCRIPTS / "reliability_data.py", "npz", tmp_path / "digits.npz",
+                  timeout=START_TIMEOUT)
+    stderr = own_lines(result.stderr)
+    assert result.returncode != 0
+    assert "the script could not use %r: No such file or directory" \
+        % str(tmp_path / "digits.npz") in stderr, stderr
+    # The user's own line is shown; numpy's insides are folded away.
+    assert 'reliability_data.py", line 13' in stderr and "frame(s) inside libraries" in stderr
+    assert "numpy/lib" not in stderr
+
+
+def test_mpiexec_that_does_not_exist(tmp_path):
+    fails_with(tmpi("wrap", "-n", "2", "--mpiexec", tmp_path / "mpiexec", MLP),
+               "--mpiexec %r is not an executable file" % str(tmp_path / "mpiexec"))
+
+
+def test_mpiexec_that_cannot_start_ranks():
+    fails_with(tmpi("wrap", "-n", "2", "--mpiexec", "false", MLP),
+               "false ended with status 1 before any rank started",
+               "Check --mpiexec and --mpiexec-arg")

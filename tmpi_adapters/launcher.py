@@ -238,6 +238,7 @@ class JobWatch:
         self.aborts = []         # (rank, code) of MPI_Abort calls tmpi did not make
         self.vanished = None     # (RankInfo, seconds) of a rank gone without a word
         self._gone_since = {}
+        self.reports_seen = set()  # "tmpi: ..." lines the ranks' stderr carried
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._pump_stdout, daemon=True),
@@ -312,6 +313,8 @@ class JobWatch:
             if noise:
                 self.aborts.append((int(noise.group(2)), int(noise.group(1))))
                 continue
+            if line.startswith(b"tmpi: "):
+                self.reports_seen.add(line.strip())
             self._write(sink, [line])
         self.process.stderr.close()
 
@@ -392,6 +395,9 @@ class JobWatch:
                             "was stopped.%s" % (info.rank, info.pid,
                                                 self._tail(info.rank)))
             code = code or 1
+        lost = self._lost_report(failed)
+        if lost:
+            messages.append(lost)
         for rank, abort_code in self.aborts:
             if rank not in failed:
                 messages.append("tmpi: rank %d called MPI_Abort(%d); the job was ended."
@@ -415,6 +421,22 @@ class JobWatch:
             sys.stderr.write("\n".join(messages) + "\n")
             sys.stderr.flush()
         return code
+
+    def _lost_report(self, failed):
+        """The failure report of the first failed rank, if its stderr never got here."""
+        for rank in sorted(failed):
+            try:
+                with open(rank_file(self.directory, rank, "failed"), "rb") as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            lines = [line.strip() for line in text.splitlines() if line.startswith(b"tmpi: ")]
+            if not lines:
+                continue
+            if lines[-1] in self.reports_seen:
+                return None
+            return text.decode("utf-8", "replace").rstrip("\n")
+        return None
 
     def _describe_termination(self, info, pid, host, exit_code, exit_string):
         who = "rank %d (pid %d on %s)" % (info.rank, pid, host) if info else \

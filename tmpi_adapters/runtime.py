@@ -175,9 +175,11 @@ def fail(error, rank, size):
         # The same error usually happens on every rank: let rank 0 speak and
         # end the job; speak only if it has not within a moment.
         time.sleep(2.0)
-    report(describe_failure(error, rank, size))
-    # Tells the launcher this failure was reported, so it adds nothing.
-    mark(rank, "failed", type(error).__name__)
+    text = describe_failure(error, rank, size)
+    # The launcher repeats this text if the report below is lost: mpiexec may
+    # end the job on MPI_Abort before it has forwarded this rank's stderr.
+    mark(rank, "failed", text)
+    report(text)
     if size > 1:
         from mpi4py import MPI
         MPI.COMM_WORLD.Abort(code)

@@ -26,7 +26,7 @@ demo: install
 	$(BIN)/tmpi wrap -n 2 --seed 1 examples/theano_mlp/train.py --epochs 10
 
 test: install
-	$(BIN)/python -m pytest -q tests $(addsuffix /tests,$(PLUGINS))
+	$(BIN)/python -m pytest -q --durations=20 tests $(addsuffix /tests,$(PLUGINS))
 
 wheels: install
 	rm -rf dist && mkdir -p dist

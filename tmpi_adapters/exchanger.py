@@ -38,6 +38,7 @@ Exchangers that do not fill it report everything as communication.
 """
 import abc
 import contextlib
+import sys
 
 import numpy as np
 
@@ -153,6 +154,25 @@ class Exchanger(abc.ABC):
     # Created on first use so that subclasses which do not call
     # ``Exchanger.__init__`` still have them.
     _borrow_depth = 0
+    #: Called as ``stall_handler(what, waited, frame)`` when a wait passes
+    #: ``timeout``; a handler that returns lets the wait go on.
+    stall_handler = None
+
+    def stalled(self, what, waited, frame=None):
+        """A wait passed ``timeout``: hand it to :attr:`stall_handler`, else raise.
+
+        ``frame`` is the frame of the waiting loop: it stays on the stack
+        exactly as long as the wait lasts, which is how a handler (the
+        watchdog) learns that the wait is over.
+        """
+        if frame is None:
+            frame = sys._getframe(1)
+        if self.stall_handler is not None:
+            return self.stall_handler(what, waited, frame)
+        from .errors import StallError
+        raise StallError("rank %d waited %.0f s in %s; other ranks never reached it. "
+                         "Every rank must call the training function the same number "
+                         "of times." % (getattr(self, "rank", -1), waited, what))
 
     @property
     def stats(self):

@@ -233,14 +233,12 @@ class Watchdog:
     def on_stall(self, what, waited, frame=None):
         """The exchanger's stall handler: note the stall and keep waiting.
 
-        Called on the main thread from inside the wait; the wait's frame tells
-        the thread when the wait is over.
+        Called on the main thread from inside the wait; the wait's ``frame``
+        (see :meth:`tmpi_adapters.exchanger.Exchanger.stalled`) tells the
+        thread when the wait is over.
         """
         if frame is None:
-            try:  # on_stall <- exchanger.stalled <- the wait itself
-                frame = sys._getframe(2)
-            except ValueError:
-                frame = sys._getframe(1)
+            frame = sys._getframe(1)
         self.stall = {"what": what, "since": time.time() - waited, "frame": frame}
         if not self.heartbeats:
             raise StallError("rank %d waited %.0f s in %s; other ranks never reached it."

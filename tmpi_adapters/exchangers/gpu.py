@@ -55,7 +55,7 @@ import warnings
 
 import numpy as np
 
-from ..errors import ConfigError, StallError, TmpiError
+from ..errors import ConfigError, TmpiError
 from ..exchanger import (ANY_SOURCE, ANY_TAG, Exchanger, Request, check_precision,
                          check_reduce_op, pack_plan)
 from ..pluginmanager import hookimpl
@@ -461,7 +461,6 @@ class _DeviceExchanger(Exchanger):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self.stall_handler = None
         self._agree_available()
         self.cp = _cupy()
         local_rank, _ = local_rank_and_size(self.comm)
@@ -494,15 +493,6 @@ class _DeviceExchanger(Exchanger):
                             "--exchanger cuda-mpi." % (self.name, problem))
 
     # -- waiting --------------------------------------------------------------
-    def stalled(self, what, waited):
-        """Called when a wait passes ``timeout``; raises unless a handler is set
-        (the same contract as the ``mpi`` exchanger's)."""
-        if self.stall_handler is not None:
-            return self.stall_handler(what, waited)
-        raise StallError("rank %d waited %.0f s in %s; other ranks never reached it. "
-                         "Every rank must call the training function the same number "
-                         "of times." % (self.rank, waited, what))
-
     def _progress(self):
         """Advance pending point-to-point work; called from every wait."""
 
@@ -534,7 +524,7 @@ class _DeviceExchanger(Exchanger):
             else:
                 time.sleep(min(1e-3, 1e-5 * (spins - 1999)))
             if deadline is not None and time.perf_counter() > deadline:
-                self.stalled(what, time.perf_counter() - start)
+                self.stalled(what, time.perf_counter() - start, sys._getframe())
                 deadline = None
 
     def _wait_stream(self, what, stream=None):

@@ -29,11 +29,12 @@ How one ``allreduce`` travels
 the choice in step 3; ``auto`` switches at :data:`RSAG_MIN_BYTES`.
 """
 import os
+import sys
 import time
 
 import numpy as np
 
-from ..errors import ConfigError, StallError
+from ..errors import ConfigError
 from ..exchanger import (ANY_SOURCE, ANY_TAG, Exchanger, Request, check_precision,
                          check_reduce_op, pack_plan)
 from ..pluginmanager import hookimpl
@@ -116,13 +117,14 @@ class _Deadline:
 
     def __init__(self, exchanger, what, timeout):
         self.exchanger, self.what = exchanger, what
+        self.frame = sys._getframe(1)  # the poller's wait: on the stack while it lasts
         self.start = time.perf_counter()
         self.at = None if timeout is None else self.start + timeout
 
     def check(self):
         if self.at is not None and time.perf_counter() > self.at:
             self.at = None  # a handler that returns keeps waiting
-            self.exchanger.stalled(self.what, time.perf_counter() - self.start)
+            self.exchanger.stalled(self.what, time.perf_counter() - self.start, self.frame)
 
 
 class MPIRequest(Request):
@@ -229,17 +231,8 @@ class MPIExchanger(Exchanger):
         self._buffers = {}
         self._plans = {}
         self._private = None
-        self.stall_handler = None
 
     # -- waiting -----------------------------------------------------------
-    def stalled(self, what, waited):
-        """Called when a wait passes ``timeout``; raises unless a handler is set."""
-        if self.stall_handler is not None:
-            return self.stall_handler(what, waited)
-        raise StallError("rank %d waited %.0f s in %s; other ranks never reached it. "
-                         "Every rank must call the training function the same number "
-                         "of times." % (self.rank, waited, what))
-
     def _wait(self, request, what, timeout=None):
         timeout = self.timeout if timeout is None else timeout
         self._poller.wait(request.Test, what, timeout)

@@ -5,6 +5,7 @@ the :class:`~tmpi_adapters.exchanger.Exchanger` (never MPI) and the
 :class:`~tmpi_adapters.protocol.ModelProtocol` of each training function.
 """
 import os
+import sys
 import time
 
 import numpy as np
@@ -118,13 +119,13 @@ class Rule:
                 time.sleep(min(1e-3, 1e-5 * (spins - 199)))
             waited = time.perf_counter() - start
             if timeout is not None and waited > timeout:
-                self._stalled(what() if callable(what) else what, waited)
+                self._stalled(what() if callable(what) else what, waited, sys._getframe())
                 start, spins = time.perf_counter(), 0
 
-    def _stalled(self, what, waited):
+    def _stalled(self, what, waited, frame):
         report = getattr(self.exchanger, "stalled", None)
         if report is not None:
-            return report(what, waited)
+            return report(what, waited, frame)
         raise StallError("rank %d waited %.0f s in %s." % (self.rank, waited, what))
 
 

@@ -10,7 +10,8 @@ The public API is small::
     tmpi.wrap("train.py", ["--epochs", "3"], n=2)   # what `tmpi wrap` does
 
 plus :class:`ModelProtocol`, :class:`Exchanger` and :data:`hookimpl` for
-adapter and plugin authors.
+adapter and plugin authors, and :mod:`tmpi_adapters.testing` to test a rule
+on real ranks.
 """
 from . import compat
 

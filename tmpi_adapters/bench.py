@@ -109,6 +109,19 @@ def _tool(name):
     return candidate if os.access(candidate, os.X_OK) else name
 
 
+def write_result(path, result):
+    """Write a part's ``result`` to ``path`` as JSON, whole or not at all.
+
+    The parts (:mod:`tmpi_adapters.bench_exchange` and the others) run as
+    their own processes and hand their results back this way; a part that
+    dies half-way leaves no file that reads as a result.
+    """
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(result, handle, indent=1)
+    os.replace(tmp, path)
+
+
 def run_exchange(workdir, ranks, width, repetitions, torch):
     out = os.path.join(workdir, "exchange.json")
     from .launcher import find_mpiexec

@@ -24,8 +24,6 @@ bandwidth of one ring step (``Sendrecv`` of ``bytes/N``) measured in the same
 run.  Rank 0 writes the medians and every sample as JSON.
 """
 import argparse
-import json
-import os
 import socket
 import statistics
 import time
@@ -33,6 +31,7 @@ import time
 import numpy as np
 
 import tmpi_adapters  # noqa: F401 - applies the shims and thread settings
+from tmpi_adapters.bench import write_result
 
 #: AlexNet's layers (single tower): (output channels or units, input, kernel).
 _ALEXNET = (("conv1", 96, 3, 11), ("conv2", 256, 96, 5), ("conv3", 384, 256, 3),
@@ -270,10 +269,7 @@ def main(argv=None):
     if cases.torch is not None:
         cases.torch.close()
     if rank == 0:
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump(result, handle, indent=1)
-        os.replace(tmp, args.json)
+        write_result(args.json, result)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ alternately, ABBA, so that a busy machine slows both alike; a separate
 process per variant would compare two different moments of a shared machine.
 """
 import argparse
-import json
-import os
 import statistics
 import time
 
 import tmpi_adapters  # noqa: F401 - applies the shims before Theano is imported
+from tmpi_adapters.bench import write_result
 
 
 def alternate(plain, wrapped, x, y, batch_size, steps, warmup):
@@ -61,10 +60,7 @@ def main(argv=None):
               "overhead": statistics.median(ratios),
               "overhead_quartiles": [quartiles[0], quartiles[-1]],
               "samples_s": samples}
-    tmp = args.json + ".tmp"
-    with open(tmp, "w") as handle:
-        json.dump(result, handle, indent=1)
-    os.replace(tmp, args.json)
+    write_result(args.json, result)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,11 @@ rank, as the median over rounds of each round's ratio.  The session's
 recorder gives the N-rank steps' compute/comm/wait split.
 """
 import argparse
-import json
-import os
 import statistics
 import time
 
 import tmpi_adapters  # noqa: F401 - applies the shims before Theano is imported
+from tmpi_adapters.bench import write_result
 
 
 KINDS = ("many", "one", "independent")
@@ -110,10 +109,7 @@ def main(argv=None):
                                str(size): size * args.batch_size / result["step_median_s"][
                                    str(size)]}
     result["efficiency"] = result["speedup"] / result["ceiling"]
-    tmp = args.json + ".tmp"
-    with open(tmp, "w") as handle:
-        json.dump(result, handle, indent=1)
-    os.replace(tmp, args.json)
+    write_result(args.json, result)
 
 
 if __name__ == "__main__":

@@ -81,11 +81,7 @@ def _run_distributed(main, args, kwargs, framework, rule, rule_options, options)
         session.finish()
         return result
     except BaseException as error:  # noqa: B902 - every failure must end the job
-        if session is not None and session.started:
-            try:
-                session.finish(error=error)
-            except BaseException:
-                pass
+        runtime.finish_after_failure(session, error)
         if size == 1 and not _is_tmpi_error(error):
             raise
         runtime.fail(error, rank, size)

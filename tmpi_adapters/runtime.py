@@ -186,6 +186,18 @@ def fail(error, rank, size):
     sys.exit(code)
 
 
+def finish_after_failure(session, error):
+    """Finish ``session``, if it started, telling the plugins of ``error``.
+
+    A failure while finishing is dropped: ``error`` is the one to report.
+    """
+    if session is not None and session.started:
+        try:
+            session.finish(error=error)
+        except BaseException:
+            pass
+
+
 def import_theano_in_rank_order(options, rank, size):
     """Import Theano on rank 0 first so a cold compile cache is built once."""
     if options.compile_dirs == "per-rank":
@@ -256,11 +268,7 @@ def main(argv=None):
         session.finish()
         mark(rank, "done")
     except BaseException as error:  # noqa: B902 - every failure must end the job
-        if session is not None and session.started:
-            try:
-                session.finish(error=error)
-            except BaseException:
-                pass
+        finish_after_failure(session, error)
         if isinstance(error, KeyboardInterrupt):
             report("tmpi: interrupted (rank %d)" % rank)
             mark(rank, "failed", "KeyboardInterrupt")

@@ -30,17 +30,11 @@ rank reaches the center exactly once, including the last ones, which
 """
 import numpy as np
 
-from tmpi_adapters.exchanger import ANY_SOURCE
 from tmpi_adapters.options import Knob, positive
 from tmpi_adapters.protocol import read_values, write_values
-from tmpi_adapters.rules import Rule, flat_size, pack, unpack
+from tmpi_adapters.rules import Rule
+from tmpi_adapters.rules.asynchronous import HolderExchange
 
-#: The rank that holds the global parameters.
-HOLDER = 0
-#: What a message is, carried in its first element.
-PUSH, DONE, FRESH, FINAL = 1.0, 2.0, 3.0, 4.0
-#: Elements before the payload: kind, unused.
-HEADER = 2
 #: Tags of the first model: workers to holder, holder to workers; each further
 #: model uses the next pair, so the messages of different models never mix.
 BASE_TAG = 22000
@@ -110,10 +104,7 @@ class ASGD(Rule):
         (workers that train longer keep exchanging meanwhile), then sends
         each the result.
         """
-        downpour = self._holders[model]
-        if not downpour.finished:
-            downpour.finish()
-            downpour.finished = True
+        self._holders[model].finish()
 
     def state_dict(self):
         """Each model's accumulated update, and the global parameters on rank 0."""
@@ -127,30 +118,18 @@ class ASGD(Rule):
                 downpour.load(self._restored[model.name])
 
 
-class Downpour:
-    """The push/pull exchange of one model, on rank 0 or on a worker."""
+class Downpour(HolderExchange):
+    """The push/pull exchange of one model, on rank 0 or on a worker.
+
+    Rank 0's :attr:`center` is the global parameters; a push carries the
+    pusher's accumulated update and is answered with the global parameters.
+    """
 
     def __init__(self, rule, model, tag):
-        self.rule = rule
-        self.exchanger = rule.exchanger
-        self.variables = model.params + model.model_state
-        self.up, self.down = tag, tag + 1
-        values = read_values(self.variables)
-        self.dtype = np.result_type(*[np.asarray(v).dtype for v in values])
-        self.length = flat_size(values)  # elements in one whole-model message
-        self.holds_center = rule.rank == HOLDER
+        super().__init__(rule, model, tag)
         # After the identical start every rank holds the global parameters.
-        self.center = _copies(values) if self.holds_center else []
-        self.pulled = _copies(values)
-        self.sends = []          # (request, buffer) until each send completes
-        self.finished = False
-        self.done = set()        # workers that have finished (rank 0)
-        self.pending = None      # (request, answer buffer, parameters at the push)
-        self.due = False         # an exchange fell due while one was in flight
-        self.inbox = np.empty(HEADER + self.length, dtype=self.dtype)
-        self.receive = None
-        if self.holds_center and rule.size > 1:
-            self._listen()
+        self.pulled = _copies(read_values(self.variables))
+        self.at_push = None  # a worker's parameters when it last pushed
 
     # -- state ---------------------------------------------------------------------
     def accumulated(self):
@@ -170,130 +149,44 @@ class Downpour:
         if self.holds_center and "center" in state:
             self.center = _copies(state["center"])
 
-    # -- both sides -------------------------------------------------------------------
-    def _message(self, kind, arrays=None):
-        message = np.zeros(HEADER + (self.length if arrays is not None else 0), dtype=self.dtype)
-        message[0] = kind
-        if arrays is not None:
-            pack(arrays, message, HEADER)
-        return message
-
-    def _send(self, message, dest, tag):
-        self.sends = [(r, b) for r, b in self.sends if not r.test()]
-        self.sends.append((self.exchanger.isend(message, dest, tag), message))
-
-    def _flush_sends(self):
-        for request, _ in self.sends:
-            request.wait()
-        self.sends = []
-
-    def _adopt(self, arrays):
-        """Set the model to the global parameters ``arrays``; nothing accumulated."""
-        write_values(self.variables, _copies(arrays))
-        self.pulled = _copies(arrays)
-
-    def poll(self):
-        if self.holds_center:
-            return self._serve()
-        answered = self._answered()
-        if answered and self.due:
-            self.due = False
-            self._push()
-        return answered
-
-    def exchange(self):
-        if self.holds_center:
-            self._serve()
-            self._own_exchange()
-        elif self.pending is None:
-            self._push()
-        else:
-            self.due = True
-
-    def finish(self):
-        if self.holds_center:
-            self._finish_holder()
-        else:
-            self._finish_worker()
+    def adopt(self, center):
+        """Set the model to the global parameters; nothing accumulated."""
+        write_values(self.variables, _copies(center))
+        self.pulled = _copies(center)
 
     # -- rank 0 ----------------------------------------------------------------------
-    def _listen(self):
-        self.receive = self.exchanger.irecv(self.inbox, ANY_SOURCE, self.up)
-
     def _apply(self, update):
         scale = self.rule.update_scale
         self.center = [c + scale * u for c, u in zip(self.center, update)]
         self.rule.pushes += 1
 
-    def _serve(self):
-        """Apply every push that has arrived and answer it; returns how many."""
-        handled = 0
-        while self.receive is not None and self.receive.test():
-            source, _ = self.receive.wait()
-            self._apply(unpack(self.inbox, self.center, HEADER))
-            if self.inbox[0] == PUSH:
-                self._send(self._message(FRESH, self.center), source, self.down)
-            else:
-                self.done.add(source)
-            handled += 1
-            self._listen()
-        return handled
+    def answer(self, update):
+        self._apply(update)
+        return self.center
 
-    def _own_exchange(self):
+    def take_done(self, message):
+        self._apply(self.mailbox.arrays(message))  # the worker's last steps
+
+    def exchange_locally(self):
         self._apply(self.accumulated())
-        self._adopt(self.center)
+        self.adopt(self.center)
 
-    def _finish_holder(self):
-        rule = self.rule
-        self._own_exchange()
-        workers = [r for r in range(rule.size) if r != HOLDER]
-
-        def missing():
-            return "asgd's end of training: no DONE yet from rank(s) %s" % ", ".join(
-                str(r) for r in workers if r not in self.done)
-
-        while len(self.done) < len(workers):
-            # Each push from a worker still training restarts the stall timeout.
-            rule.wait_until(lambda: self._serve() > 0 or len(self.done) == len(workers),
-                            missing)
-        if self.receive is not None:
-            self.receive.cancel()
-            self.receive = None
-        for worker in workers:
-            self._send(self._message(FINAL, self.center), worker, self.down)
-        self._flush_sends()
-        self._adopt(self.center)
+    def before_end(self):
+        self.exchange_locally()  # rank 0's last steps reach the center too
 
     # -- a worker ----------------------------------------------------------------------
-    def _push(self):
-        current = read_values(self.variables)
-        self._send(self._message(PUSH, self.accumulated()), HOLDER, self.up)
-        answer = np.empty(HEADER + self.length, dtype=self.dtype)
-        self.pending = (self.exchanger.irecv(answer, HOLDER, self.down), answer,
-                        _copies(current))
+    def pushed(self):
+        self.at_push = _copies(read_values(self.variables))
+        return self.accumulated()
 
-    def _answered(self):
-        """Take the fresh parameters once they are in; returns 0 or 1."""
-        if self.pending is None or not self.pending[0].test():
-            return 0
-        _, answer, at_push = self.pending
-        self.pending = None
-        fresh = unpack(answer, at_push, HEADER)
+    def take_answer(self, fresh):
         # Keep the steps taken while the push travelled: they are not in
         # `fresh` yet and will be part of the next push.
-        since = [x - a for x, a in zip(read_values(self.variables), at_push)]
+        since = [x - a for x, a in zip(read_values(self.variables), self.at_push)]
         write_values(self.variables, [(f + s).astype(f.dtype, copy=False)
                                       for f, s in zip(fresh, since)])
         self.pulled = fresh
         self.rule.pushes += 1
-        return 1
 
-    def _finish_worker(self):
-        if self.pending is not None:
-            self.pending[0].wait()
-            self._answered()
-        self._send(self._message(DONE, self.accumulated()), HOLDER, self.up)
-        final = np.empty(HEADER + self.length, dtype=self.dtype)
-        self.exchanger.irecv(final, HOLDER, self.down).wait()
-        self._flush_sends()
-        self._adopt(unpack(final, self.pulled, HEADER))
+    def last_pushed(self):
+        return self.accumulated()

@@ -35,17 +35,11 @@ EASGD trains.
 import numpy as np
 
 from tmpi_adapters.errors import ConfigError
-from tmpi_adapters.exchanger import ANY_SOURCE
 from tmpi_adapters.options import Knob, one_of, positive
 from tmpi_adapters.protocol import read_values, write_values
-from tmpi_adapters.rules import Rule, flat_size, pack, unpack
+from tmpi_adapters.rules import Rule
+from tmpi_adapters.rules.asynchronous import HolderExchange
 
-#: The rank that holds the center variable in the asynchronous form.
-HOLDER = 0
-#: What a message is, carried in its first element.
-PUSH, DONE, FORCE, FINAL = 1.0, 2.0, 3.0, 4.0
-#: Elements before the parameters: kind, unused.
-HEADER = 2
 #: Tags of the first model: workers to holder, holder to workers; each further
 #: model uses the next pair, so the messages of different models never mix.
 BASE_TAG = 20000
@@ -129,10 +123,7 @@ class EASGD(Rule):
         keeps answering pushes until every worker is done (workers that train
         longer keep exchanging meanwhile), then sends each the center.
         """
-        elastic = self._elastic[model]
-        if not elastic.finished:
-            elastic.finish()
-            elastic.finished = True
+        self._elastic[model].finish()
 
     def state_dict(self):
         """The center variable of each model (on the ranks that hold it)."""
@@ -157,7 +148,6 @@ class ElasticSync:
         self.variables = model.params + model.model_state
         # After the identical start every worker equals the center.
         self.center = [np.array(a, copy=True) for a in read_values(self.variables)]
-        self.finished = False
 
     def poll(self):
         return 0
@@ -176,97 +166,19 @@ class ElasticSync:
         rule.exchanges_done += 1
 
     def finish(self):
+        """Every rank ends with the center (a second call changes nothing)."""
         write_values(self.variables, [np.array(c, copy=True) for c in self.center])
 
 
-class ElasticAsync:
+class ElasticAsync(HolderExchange):
     """Asynchronous EASGD for one model: rank 0 holds the center.
 
-    Workers (ranks other than 0) have at most one exchange in flight: a push
-    of their parameters, answered by the elastic force.  Rank 0 keeps one
-    receive posted for pushes from any worker and answers each at once.
+    A worker (a rank other than 0) pushes its parameters; rank 0 answers
+    with the elastic force, computed against the center at that moment, and
+    moves the center; the worker applies the force when the answer arrives.
     """
 
-    def __init__(self, rule, model, tag):
-        self.rule = rule
-        self.exchanger = rule.exchanger
-        self.variables = model.params + model.model_state
-        self.up, self.down = tag, tag + 1
-        values = read_values(self.variables)
-        self.dtype = np.result_type(*[np.asarray(v).dtype for v in values])
-        self.length = flat_size(values)  # elements in one whole-model message
-        self.holds_center = rule.rank == HOLDER
-        self.center = [np.array(a, copy=True) for a in values] if self.holds_center else []
-        self.sends = []          # (request, buffer) until each send completes
-        self.finished = False
-        self.done = set()        # workers that have finished (holder)
-        self.pending = None      # the answer a worker waits for
-        self.due = False         # an exchange fell due while one was in flight
-        self.inbox = np.empty(HEADER + self.length, dtype=self.dtype)
-        self.receive = None
-        if self.holds_center:
-            self._listen()
-
-    # -- both sides ------------------------------------------------------------
-    def _message(self, kind, arrays=None):
-        message = np.zeros(HEADER + (self.length if arrays is not None else 0), dtype=self.dtype)
-        message[0] = kind
-        if arrays is not None:
-            pack(arrays, message, HEADER)
-        return message
-
-    def _send(self, message, dest, tag):
-        self.sends = [(r, b) for r, b in self.sends if not r.test()]
-        self.sends.append((self.exchanger.isend(message, dest, tag), message))
-
-    def _flush_sends(self):
-        for request, _ in self.sends:
-            request.wait()
-        self.sends = []
-
-    def poll(self):
-        if self.holds_center:
-            return self._serve()
-        answered = self._answered()
-        if answered and self.due:
-            self.due = False
-            self._push()
-        return answered
-
-    def exchange(self):
-        if self.holds_center:
-            self._serve()
-            self._own_exchange()
-        elif self.pending is None:
-            self._push()
-        else:
-            self.due = True
-
-    def finish(self):
-        if self.holds_center:
-            self._finish_holder()
-        else:
-            self._finish_worker()
-
     # -- the holder (rank 0) ------------------------------------------------------
-    def _listen(self):
-        self.receive = self.exchanger.irecv(self.inbox, ANY_SOURCE, self.up)
-
-    def _serve(self):
-        """Answer every push that has arrived; returns how many messages."""
-        handled = 0
-        while self.receive is not None and self.receive.test():
-            source, _ = self.receive.wait()
-            if self.inbox[0] == PUSH:
-                worker = unpack(self.inbox, self.center, HEADER)
-                force = self._pull_center(worker)
-                self._send(self._message(FORCE, force), source, self.down)
-            else:
-                self.done.add(source)
-            handled += 1
-            self._listen()
-        return handled
-
     def _pull_center(self, worker):
         """Move the center towards ``worker``; returns the elastic force."""
         force = [self.rule.alpha * (x - c) for x, c in zip(worker, self.center)]
@@ -274,56 +186,25 @@ class ElasticAsync:
         self.rule.exchanges_done += 1
         return force
 
-    def _own_exchange(self):
+    def answer(self, worker):
+        return self._pull_center(worker)
+
+    def exchange_locally(self):
         mine = read_values(self.variables)
         force = self._pull_center(mine)
         write_values(self.variables, [(x - f).astype(x.dtype, copy=False)
                                       for x, f in zip(mine, force)])
 
-    def _finish_holder(self):
-        rule = self.rule
-        workers = [r for r in range(rule.size) if r != HOLDER]
-
-        def missing():
-            return "easgd's end of training: no DONE yet from rank(s) %s" % ", ".join(
-                str(r) for r in workers if r not in self.done)
-
-        while len(self.done) < len(workers):
-            # Each push from a worker still training restarts the stall timeout.
-            rule.wait_until(lambda: self._serve() > 0 or len(self.done) == len(workers),
-                            missing)
-        self.receive.cancel()
-        self.receive = None
-        for worker in workers:
-            self._send(self._message(FINAL, self.center), worker, self.down)
-        self._flush_sends()
-        write_values(self.variables, [np.array(c, copy=True) for c in self.center])
-
     # -- a worker ---------------------------------------------------------------------
-    def _push(self):
-        self._send(self._message(PUSH, read_values(self.variables)), HOLDER, self.up)
-        answer = np.empty(HEADER + self.length, dtype=self.dtype)
-        self.pending = (self.exchanger.irecv(answer, HOLDER, self.down), answer)
+    def pushed(self):
+        return read_values(self.variables)
 
-    def _answered(self):
-        """Apply the elastic force once rank 0's answer is in; returns 0 or 1."""
-        if self.pending is None or not self.pending[0].test():
-            return 0
-        answer = self.pending[1]
-        self.pending = None
+    def take_answer(self, force):
         mine = read_values(self.variables)
-        force = unpack(answer, mine, HEADER)
         write_values(self.variables, [(x - f).astype(x.dtype, copy=False)
                                       for x, f in zip(mine, force)])
         self.rule.exchanges_done += 1
-        return 1
 
-    def _finish_worker(self):
-        if self.pending is not None:
-            self.pending[0].wait()
-            self._answered()
-        self._send(self._message(DONE), HOLDER, self.up)
-        final = np.empty(HEADER + self.length, dtype=self.dtype)
-        self.exchanger.irecv(final, HOLDER, self.down).wait()
-        self._flush_sends()
-        write_values(self.variables, unpack(final, read_values(self.variables), HEADER))
+    # -- both ---------------------------------------------------------------------------
+    def adopt(self, center):
+        write_values(self.variables, [np.array(c, copy=True) for c in center])

@@ -4,61 +4,17 @@
 * ranks that stop at different times: nothing lost, nobody left waiting,
 * the plain Theano MLP example trained with ``tmpi wrap --rule gosgd``,
 * bad knob values rejected with a clear message before anything starts.
+
+:mod:`tmpi_adapters.testing` starts the ranks and reads their output.
 """
-import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-DRIVER = HERE / "scripts" / "gosgd_driver.py"
-#: The MLP example of the tmpi repository this plugin lives in.
-MLP = HERE.parents[2] / "examples" / "theano_mlp" / "train.py"
-BIN = Path(sys.executable).parent
-#: A hang fails the test instead of stalling CI.
-TIMEOUT = 900
+from tmpi_adapters.testing import (listed_plugin, mpiexec, rejected_rule_option, tmpi,
+                                   train_mlp, val_accuracy)
 
-
-def run(*command, floatx="float64"):
-    """Run a command under real Theano; returns CompletedProcess (text).
-
-    Theano runs in pure Python (``cxx=``, and no elemwise fusion, which Python
-    would evaluate element by element): the models here are small, and ranks
-    then never queue on the lock of the compile cache that every Theano
-    process on the machine shares.
-    """
-    env = dict(os.environ)
-    env.pop("TMPI_OPTIONS", None)
-    flags = [f for f in env.get("THEANO_FLAGS", "").split(",") if f and "floatX" not in f]
-    env["THEANO_FLAGS"] = ",".join(flags + ["floatX=" + floatx, "blas.ldflags=", "cxx=",
-                                            "optimizer_excluding=fusion"])
-    return subprocess.run([str(c) for c in command], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, timeout=TIMEOUT)
-
-
-def succeeded(result):
-    assert result.returncode == 0, "exit %d\n--- stdout\n%s\n--- stderr\n%s" % (
-        result.returncode, result.stdout[-3000:], result.stderr[-3000:])
-    return result.stdout
-
-
-def val_accuracy(stdout):
-    """The example's ``final val_loss L val_acc A`` line -> A."""
-    found = re.findall(r"^final val_loss \S+ val_acc (\S+)", stdout, re.M)
-    assert found, stdout[-3000:]
-    return float(found[-1])
-
-
-def train_mlp(n, *rule_options):
-    if not MLP.exists():
-        pytest.skip("the tmpi repository's examples/ are not beside this plugin")
-    options = [a for o in rule_options for a in ("--rule-option", o)]
-    return succeeded(run(BIN / "tmpi", "wrap", "-n", n, "--seed", "1", "--rule", "gosgd",
-                         *options, MLP, "--epochs", "6", floatx="float32"))
+DRIVER = Path(__file__).resolve().parent / "scripts" / "gosgd_driver.py"
 
 
 # -- numerics ------------------------------------------------------------------
@@ -68,7 +24,7 @@ def test_gossip_rounds_match_hand_computation():
     # 3 ranks, p = 0.5, 4 steps: pushes and skipped pushes both happen; each
     # step's parameters and sum-weights, then the final average, are checked;
     # half-way the state goes through state_dict()/load_state_dict().
-    stdout = succeeded(run(BIN / "mpiexec", "-n", "3", sys.executable, DRIVER, "rounds"))
+    stdout = mpiexec(DRIVER, "rounds", ranks=3)
     assert "gosgd rounds OK on 3 ranks" in stdout
 
 
@@ -78,7 +34,7 @@ def test_uneven_lengths_end_cleanly_and_lose_nothing():
     # weights must still add up to 1 and the weighted models to the start
     # plus every gradient step, every message sent must have been mixed in,
     # and the job must end.
-    stdout = succeeded(run(BIN / "mpiexec", "-n", "3", sys.executable, DRIVER, "uneven"))
+    stdout = mpiexec(DRIVER, "uneven", ranks=3)
     assert "gosgd uneven OK on 3 ranks" in stdout
 
 
@@ -86,7 +42,7 @@ def test_uneven_lengths_end_cleanly_and_lose_nothing():
 
 @pytest.mark.mpi
 def test_mlp_two_ranks_reaches_one_process_accuracy():
-    stdout = train_mlp(2)
+    stdout = train_mlp("gosgd", ranks=2)
     assert val_accuracy(stdout) >= 0.95, stdout[-2000:]
     assert "on 2 rank(s)" in stdout
 
@@ -94,7 +50,7 @@ def test_mlp_two_ranks_reaches_one_process_accuracy():
 @pytest.mark.mpi
 def test_mlp_four_oversubscribed_ranks_train_and_end():
     # 4 ranks on a 2-core machine, each pushing after one step in four.
-    stdout = train_mlp(4, "gossip_probability=0.25")
+    stdout = train_mlp("gosgd", ranks=4, rule_options=["gossip_probability=0.25"])
     assert val_accuracy(stdout) >= 0.85, stdout[-2000:]
     assert "on 4 rank(s)" in stdout
 
@@ -102,9 +58,8 @@ def test_mlp_four_oversubscribed_ranks_train_and_end():
 # -- packaging and errors ------------------------------------------------------------
 
 def test_listed_by_tmpi_plugins():
-    rows = json.loads(succeeded(run(BIN / "tmpi", "plugins", "--json")))
-    mine = [r for r in rows if r["distribution"] == "tmpi-plugin-gosgd"]
-    assert mine and mine[0]["provides"] == ["rule:gosgd"] and "tmpi_rules" in mine[0]["hooks"]
+    row = listed_plugin("tmpi-plugin-gosgd")
+    assert row["provides"] == ["rule:gosgd"] and "tmpi_rules" in row["hooks"], row
 
 
 @pytest.mark.parametrize("option, words", [
@@ -116,21 +71,15 @@ def test_listed_by_tmpi_plugins():
 ])
 def test_bad_knobs_are_clear_errors(option, words):
     # Checked by `tmpi wrap` before any rank starts.
-    result = run(BIN / "tmpi", "wrap", "-n", "2", "--rule", "gosgd", "--rule-option", option,
-                 DRIVER, "rounds")
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "tmpi: error: rule 'gosgd'" in result.stderr and words in result.stderr, \
-        result.stderr
-    assert "Traceback" not in result.stderr
+    stderr = rejected_rule_option("gosgd", option, DRIVER, "rounds")
+    assert words in stderr, stderr
 
 
 def test_without_the_plugin_the_error_names_the_distribution():
     # What a user sees where this plugin is not installed (autoloading off
-    # stands in for the uninstalled distribution).
-    env = dict(os.environ, TMPI_DISABLE_PLUGIN_AUTOLOAD="1")
-    result = subprocess.run([str(BIN / "tmpi"), "wrap", "--rule", "gosgd", str(DRIVER)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, timeout=TIMEOUT)
+    # stands in for the uninstalled distribution); the driver never runs.
+    result = tmpi("wrap", "--framework", "theano", "--rule", "gosgd", DRIVER,
+                  env={"TMPI_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert result.returncode == 2
     assert "unknown rule 'gosgd'" in result.stderr, result.stderr
     assert "pip install tmpi-plugin-gosgd" in result.stderr, result.stderr

@@ -18,15 +18,16 @@ information without biasing it.
 
 No rank ever waits for another while training.  Sends are non-blocking and
 each rank keeps one receive posted for its peers' messages (all of them on
-one tag of the one communicator), which it handles after every step.
+one tag of the one communicator), which it handles after every step: a
+:class:`~tmpi_adapters.rules.asynchronous.Mailbox` per model does this.
 :meth:`GoSGD.finish` ends the exchange without losing a message (see there).
 """
 import numpy as np
 
-from tmpi_adapters.exchanger import ANY_SOURCE
 from tmpi_adapters.options import Knob, parse_bool, probability
 from tmpi_adapters.protocol import read_values, write_values
-from tmpi_adapters.rules import Rule, flat_size, pack, unpack
+from tmpi_adapters.rules import Rule
+from tmpi_adapters.rules.asynchronous import Mailbox
 
 #: What a message is, carried in its first element.
 GOSSIP, DONE = 1.0, 2.0
@@ -157,44 +158,34 @@ class GoSGD(Rule):
 
 
 class _Gossip:
-    """The gossip state of one model on one rank: weight, posted receive, sends."""
+    """The gossip state of one model on one rank: its weight and its mailbox."""
 
     def __init__(self, rule, model, tag):
         self.rule = rule
-        self.exchanger = rule.exchanger
         self.variables = model.params + model.model_state
         self.tag = tag
         self.weight = 1.0 / rule.size
-        values = read_values(self.variables)
-        self.dtype = np.result_type(*[np.asarray(v).dtype for v in values])
-        self.length = flat_size(values)  # elements in one whole-model message
-        self.inbox = np.empty(HEADER + self.length, dtype=self.dtype)
-        self.receive = None
-        self.sends = []
-        self.done = set()
+        self.mailbox = Mailbox(rule.exchanger, read_values(self.variables), HEADER)
         self.finished = False
 
     def listen(self):
         """Post the receive that peers' messages land in."""
-        self.receive = self.exchanger.irecv(self.inbox, ANY_SOURCE, self.tag)
+        self.mailbox.listen(self.tag)
 
     def handle_arrivals(self):
         """Handle every message that has arrived; returns how many."""
-        handled = 0
-        while self.receive is not None and self.receive.test():
-            source, _ = self.receive.wait()
-            if self.inbox[0] == GOSSIP:
-                self.mix(float(self.inbox[1]), self.inbox[HEADER:])
-            else:
-                self.done.add(source)
-            handled += 1
-            self.listen()
-        return handled
+        return self.mailbox.handle(self.arrived)
 
-    def mix(self, weight, flat):
+    def arrived(self, source, message):
+        """One message from ``source``: a peer's gossip to mix in, or its DONE."""
+        if message[0] == GOSSIP:
+            self.mix(float(message[1]), self.mailbox.arrays(message))
+        else:
+            self.mailbox.done.add(source)
+
+    def mix(self, weight, theirs):
         """Sum-weight mixing of a peer's model into this rank's."""
         mine = read_values(self.variables)
-        theirs = unpack(flat, mine)
         total = self.weight + weight
         mixed = [(self.weight * a + weight * b) / total for a, b in zip(mine, theirs)]
         write_values(self.variables, [m.astype(a.dtype, copy=False)
@@ -207,18 +198,15 @@ class _Gossip:
 
         Returns ``peer``, or ``None`` when too many sends are still unfinished.
         """
-        self.sends = [(r, b) for r, b in self.sends if not r.test()]
-        if len(self.sends) >= MAX_PENDING_SENDS:
+        if self.mailbox.unfinished() >= MAX_PENDING_SENDS:
             self.rule.skipped += 1
             return None
-        message = np.empty(HEADER + self.length, dtype=self.dtype)
-        message[0] = GOSSIP
+        message = self.mailbox.message(GOSSIP, read_values(self.variables))
         # The weight travels in the message's dtype: keep exactly what was
         # not sent, so the weights of all ranks still add up to 1.
         message[1] = self.weight / 2
         self.weight -= float(message[1])
-        pack(read_values(self.variables), message, HEADER)
-        self.sends.append((self.exchanger.isend(message, peer, self.tag), message))
+        self.mailbox.send(message, peer, self.tag)
         self.rule.sent += 1
         return peer
 
@@ -227,30 +215,16 @@ class _Gossip:
         rule = self.rule
         peers = [r for r in range(rule.size) if r != rule.rank]
         for peer in peers:
-            message = np.zeros(HEADER, dtype=self.dtype)
-            message[0] = DONE
-            self.sends.append((self.exchanger.isend(message, peer, self.tag), message))
-
-        def missing():
-            return "gosgd's end of training: no DONE yet from rank(s) %s" % ", ".join(
-                str(r) for r in peers if r not in self.done)
-
-        while len(self.done) < len(peers):
-            # Each message that arrives restarts the stall timeout: a peer that
-            # still gossips is alive, only slower.
-            rule.wait_until(lambda: self.handle_arrivals() > 0 or len(self.done) == len(peers),
-                            missing)
-        if self.receive is not None:
-            self.receive.cancel()
-            self.receive = None
-        for request, _ in self.sends:
-            request.wait()
-        self.sends = []
+            self.mailbox.send(self.mailbox.message(DONE), peer, self.tag)
+        # Each message that arrives restarts the stall timeout: a peer that
+        # still gossips is alive, only slower.
+        self.mailbox.await_done(rule, peers, self.arrived)
+        self.mailbox.flush()
         self.finished = True
 
     def average(self):
         """Replace the model by the sum-weighted average over ranks (a collective)."""
         values = read_values(self.variables)
         write_values(self.variables,
-                     self.exchanger.allreduce(values, op="mean", weight=self.weight))
+                     self.rule.exchanger.allreduce(values, op="mean", weight=self.weight))
         self.weight = 1.0 / self.rule.size

@@ -1,4 +1,5 @@
 """BSP is exact: N ranks reproduce the 1-rank run of an unmodified script (float64)."""
+import re
 import sys
 
 import pytest
@@ -33,6 +34,19 @@ def test_mlp_n_ranks_match_one_rank(mlp_one_rank, n):
     # One voice: one set of epoch lines, not one per rank.
     assert result.stdout.count("epoch  1/4") == 1
     assert "tmpi: " in result.stdout and "on %d rank(s)" % n in result.stdout
+
+
+@pytest.mark.mpi
+def test_local_outputs_change_what_is_printed_not_what_is_trained(mlp_one_rank):
+    # --outputs local: each rank's train_fn returns its own half-batch loss
+    # and accuracy, so the printed training numbers are rank 0's, while the
+    # exchanged gradients, hence the parameters and validation, stay exact.
+    local = check(tmpi("wrap", "-n", "2", "--outputs", "local", MLP, *MLP_ARGS))
+    averaged = check(tmpi("wrap", "-n", "1", MLP, *MLP_ARGS))
+    assert_close(mlp_numbers(local), mlp_one_rank, 1e-8)
+    train_loss = re.compile(r"^epoch  1/4  train loss (\S+)", re.M)
+    assert train_loss.search(local.stdout).group(1) != \
+        train_loss.search(averaged.stdout).group(1), local.stdout
 
 
 @pytest.mark.mpi

@@ -47,6 +47,10 @@ def add_run_arguments(parser):
                        help="weak scaling: reach the full --lr-scaling over this many steps")
     group.add_argument("--loss-reduction", choices=("mean", "sum"), default="mean",
                        help="how the script's loss reduces over a batch (default mean)")
+    group.add_argument("--outputs", choices=("averaged", "local"), default="averaged",
+                       help="what a training step returns (loss, accuracy): averaged over "
+                            "ranks after every step (default), or each rank's own, so that "
+                            "asynchronous rules' ranks never meet per step")
     group.add_argument("--seed", type=int, default=None,
                        help="seed numpy and random alike on every rank")
     group.add_argument("--stall-timeout", type=float, default=300.0,

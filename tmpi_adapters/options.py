@@ -10,6 +10,7 @@ OPTIONS_ENV = "TMPI_OPTIONS"
 
 SCALINGS = ("strong", "weak")
 COMPILE_DIRS = ("shared", "per-rank")
+OUTPUTS = ("averaged", "local")
 
 
 @dataclasses.dataclass
@@ -29,6 +30,7 @@ class Options:
     lr_scaling: bool = False      #: weak scaling: multiply gradients by the rank count
     warmup_steps: int = 0         #: weak scaling: ramp that multiplier up over this many steps
     loss_reduction: str = "mean"  #: how the script's loss reduces over the batch: mean or sum
+    outputs: str = "averaged"     #: a training step's returned values: averaged over ranks, or local
     seed: int = None              #: seed of numpy/random on every rank (rank 0 draws one if None)
     stall_timeout: float = 300.0  #: seconds a collective may wait before a stall is reported
     all_ranks_output: bool = False  #: show every rank's stdout, prefixed, not only rank 0's
@@ -46,6 +48,9 @@ class Options:
         if self.loss_reduction not in ("mean", "sum"):
             raise ConfigError("--loss-reduction must be 'mean' or 'sum', not %r"
                               % (self.loss_reduction,))
+        if self.outputs not in OUTPUTS:
+            raise ConfigError("--outputs must be one of %s, not %r" % (", ".join(OUTPUTS),
+                                                                        self.outputs))
         if self.stall_timeout is not None and self.stall_timeout <= 0:
             raise ConfigError("--stall-timeout must be a positive number of seconds, not %r"
                               % (self.stall_timeout,))

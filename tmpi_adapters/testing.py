@@ -9,7 +9,8 @@ is mocked.
 In the pytest module
     :func:`mpiexec` runs a driver on N ranks, :func:`train_mlp` trains the
     repository's MLP example with ``tmpi wrap`` (read its accuracy with
-    :func:`val_accuracy`), :func:`rejected_rule_option` checks that a bad knob
+    :func:`val_accuracy`), :func:`held_back` checks that no rank waits for
+    another, :func:`rejected_rule_option` checks that a bad knob
     is a clear error, :func:`listed_plugin` reads ``tmpi plugins``;
     :func:`tmpi` and :func:`run` run anything else.
 In the driver (every rank)
@@ -29,6 +30,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -134,6 +136,47 @@ def listed_plugin(distribution):
     mine = [r for r in rows if r["distribution"] == distribution]
     assert mine, rows
     return mine[0]
+
+
+#: A plain Theano script whose rank 1 is held at its third step until rank 0
+#: has taken all of its steps: it ends only where no step waits for another rank.
+HELD_BACK_SCRIPT = """\
+import os, sys, time
+import numpy as np
+import theano
+import theano.tensor as T
+
+rank, flag, steps = int(os.environ["PMI_RANK"]), sys.argv[1], 30
+x = T.matrix("x")
+W = theano.shared(np.zeros((3, 2)), name="W")
+loss = T.sqr(T.dot(x, W) - 1).mean()
+train = theano.function([x], loss, updates=[(W, W - 0.1 * T.grad(loss, W))])
+for step in range(steps):
+    while rank == 1 and step == 2 and not os.path.exists(flag):
+        time.sleep(0.01)
+    train(np.ones((4, 3)))
+if rank == 0:
+    print("rank 0 took %d steps while rank 1 was held at its third" % steps)
+    open(flag, "w").close()
+"""
+
+
+def held_back(rule, rule_options=(), stall_timeout=10):
+    """Run :data:`HELD_BACK_SCRIPT` with ``tmpi wrap -n 2 --outputs local --rule RULE``.
+
+    Under a rule whose ranks never wait for each other while training, the
+    job ends normally and rank 0 prints ``rank 0 took 30 steps while rank 1
+    was held at its third``.  Under a synchronous rule rank 0 waits in its
+    third step; after ``stall_timeout`` seconds the stall is reported and the
+    job ends with exit status 4 (``--on-stall abort``).  Returns the
+    :class:`subprocess.CompletedProcess`.
+    """
+    options = [a for o in rule_options for a in ("--rule-option", o)]
+    with tempfile.TemporaryDirectory() as directory:
+        script = Path(directory) / "held_back.py"
+        script.write_text(HELD_BACK_SCRIPT)
+        return tmpi("wrap", "-n", "2", "--outputs", "local", "--stall-timeout", stall_timeout,
+                    "--on-stall", "abort", "--rule", rule, *options, script, Path(directory) / "released")
 
 
 # -- in the driver: the least-squares problem -------------------------------------------

@@ -475,7 +475,7 @@ class BlocksAdapter(TheanoAdapter):
                 or bool(getattr(extension, "tmpi_rank_zero_only", False)))
 
     def _check_finish_training(self, original, main_loop, level):
-        if self.session.size > 1 and self.session.rule.lockstep:
+        if self.session.size > 1:
             local = wants_finish(main_loop, level)
             anyone = self.session.exchanger.allreduce_scalars([float(local)], op="sum")[0]
             if anyone > 0 and not local:

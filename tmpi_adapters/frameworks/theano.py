@@ -492,7 +492,7 @@ class DistributedFunction:
         if values and session.size > 1:
             if self._kinds is None:
                 self._kinds = session.output_kinds(values, rows)
-            if session.rule.lockstep or "rows" in self._kinds:
+            if session.options.outputs == "averaged" or "rows" in self._kinds:
                 values = session.reduce_outputs(values, weight, self._kinds)
         session.end_step(self.model, weight, outputs=values)
         if self.single_output:

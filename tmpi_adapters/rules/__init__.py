@@ -36,13 +36,6 @@ class Rule:
     #: (:meth:`reduce_gradients`); ``"parameters"``: each rank steps on its own
     #: gradients and :meth:`after_step` combines parameters between steps.
     exchanges = "parameters"
-    #: True when every rank takes each step together with the others (BSP,
-    #: synchronous EASGD): a training function's returned values are then
-    #: averaged across ranks after every step, so each rank sees the job's
-    #: numbers.  Asynchronous rules set False: each rank gets its own values
-    #: back and no step waits for another rank (a function that returns
-    #: per-sample values still gathers them, which makes the ranks meet).
-    lockstep = True
     #: ``{name: tmpi_adapters.options.Knob}``
     knobs = {}
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tmpi_adapters.testing import (listed_plugin, mlp_example, mpiexec, rejected_rule_option,
-                                   tmpi, train_mlp, val_accuracy)
+from tmpi_adapters.testing import (held_back, listed_plugin, mlp_example, mpiexec,
+                                   rejected_rule_option, succeeded, tmpi, train_mlp,
+                                   val_accuracy)
 
 DRIVER = Path(__file__).resolve().parent / "scripts" / "easgd_driver.py"
 
@@ -37,6 +38,19 @@ def test_async_uneven_lengths_end_cleanly():
     # answering the others, and everyone must end holding the same center.
     stdout = mpiexec(DRIVER, "uneven", ranks=3)
     assert "easgd uneven OK on 3 ranks" in stdout
+
+
+@pytest.mark.mpi
+def test_async_workers_never_wait_for_each_other_and_sync_ones_do():
+    # Rank 1 is held at its third step until rank 0 has taken all its steps
+    # (--outputs local: the steps' losses are not averaged across ranks).
+    # The asynchronous form lets rank 0 go on; the synchronous form's
+    # exchanges are collectives, so there rank 0 waits and the stall ends the job.
+    result = held_back("easgd", ["mode=async", "tau=2"])
+    assert "rank 0 took 30 steps while rank 1 was held" in succeeded(result)
+    result = held_back("easgd", ["mode=sync", "tau=2"], stall_timeout=3)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "tmpi: stall:" in result.stderr and "rank 1 has not reached it" in result.stderr
 
 
 # -- training ------------------------------------------------------------------

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tmpi_adapters.testing import (listed_plugin, mpiexec, rejected_rule_option, tmpi,
-                                   train_mlp, val_accuracy)
+from tmpi_adapters.testing import (held_back, listed_plugin, mpiexec, rejected_rule_option,
+                                   succeeded, tmpi, train_mlp, val_accuracy)
 
 DRIVER = Path(__file__).resolve().parent / "scripts" / "gosgd_driver.py"
 
@@ -36,6 +36,15 @@ def test_uneven_lengths_end_cleanly_and_lose_nothing():
     # and the job must end.
     stdout = mpiexec(DRIVER, "uneven", ranks=3)
     assert "gosgd uneven OK on 3 ranks" in stdout
+
+
+@pytest.mark.mpi
+def test_no_rank_waits_for_another_while_training():
+    # Rank 1 is held at its third step until rank 0 has taken all its steps
+    # (--outputs local: the steps' losses are not averaged across ranks):
+    # a rule that made the ranks meet at every step would stall here.
+    result = held_back("gosgd")
+    assert "rank 0 took 30 steps while rank 1 was held" in succeeded(result)
 
 
 # -- training ------------------------------------------------------------------

@@ -39,7 +39,9 @@ setup(
     ],
     extras_require={
         "keras": ["keras==2.3.1", "h5py"],
-        "lasagne": ["lasagne==0.1"],
+        # Lasagne 0.1 imports pkg_resources, which setuptools 81 and later
+        # no longer ship (torch, for one, pulls a newer setuptools in).
+        "lasagne": ["lasagne==0.1", "setuptools<81"],
         "test": ["pytest>=7"],
         # GPU exchangers; never pulled by the CPU install.
         "gpu": ["cupy-cuda12x", "nvidia-nccl-cu12"],

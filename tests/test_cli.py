@@ -38,6 +38,8 @@ def test_autoload_can_be_disabled_and_hooks_traced():
     (["wrap", "--rule-option", "period=0", str(MLP)], "period=0 must be > 0"),
     (["wrap", "--bogus", str(MLP)], "unknown option --bogus"),
     (["wrap", "--stall-timeout", "-1", str(MLP)], "--stall-timeout must be a positive"),
+    (["wrap", "--outputs", "everywhere", str(MLP)],
+     "--outputs: invalid choice: 'everywhere' (choose from 'averaged', 'local')"),
     (["wrap", "-n", "2"], "no script given"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
@@ -45,6 +47,16 @@ def test_bad_input_is_one_clear_line(args, message):
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_decorator_options_are_checked_like_the_command_line():
+    # What @tmpi.distributed(outputs=...) goes through before any rank starts.
+    from tmpi_adapters.errors import ConfigError
+    from tmpi_adapters.options import Options
+    with pytest.raises(ConfigError, match="--outputs must be one of averaged, local, "
+                                          "not 'everywhere'"):
+        Options(outputs="everywhere").validate()
+    assert Options(outputs="local").validate().outputs == "local"
 
 
 def test_rule_from_a_missing_plugin_names_the_distribution():

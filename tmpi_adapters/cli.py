@@ -13,7 +13,7 @@ import os
 import sys
 
 from .errors import TmpiError
-from .options import Options, parse_assignments
+from .options import OUTPUTS, Options, parse_assignments
 
 #: Options fields set from same-named arguments.
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(Options)} - {"extra", "rule_options"}
@@ -47,7 +47,7 @@ def add_run_arguments(parser):
                        help="weak scaling: reach the full --lr-scaling over this many steps")
     group.add_argument("--loss-reduction", choices=("mean", "sum"), default="mean",
                        help="how the script's loss reduces over a batch (default mean)")
-    group.add_argument("--outputs", choices=("averaged", "local"), default="averaged",
+    group.add_argument("--outputs", choices=OUTPUTS, default="averaged",
                        help="what a training step returns (loss, accuracy): averaged over "
                             "ranks after every step (default), or each rank's own, so that "
                             "asynchronous rules' ranks never meet per step")

@@ -262,13 +262,13 @@ class Exchanger(abc.ABC):
         """Wait until every rank has reached this point."""
 
     # -- point to point --------------------------------------------------
-    @abc.abstractmethod
     def send(self, array, dest, tag=0):
         """Blocking send of one contiguous array (copied first if not contiguous)."""
+        self.isend(array, dest, tag).wait()
 
-    @abc.abstractmethod
     def recv(self, out, source=ANY_SOURCE, tag=ANY_TAG, timeout=None):
         """Blocking receive into ``out``; returns ``(source, tag)``."""
+        return self.irecv(out, source, tag).wait(timeout)
 
     @abc.abstractmethod
     def isend(self, array, dest, tag=0):

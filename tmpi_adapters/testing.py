@@ -145,8 +145,9 @@ import os, sys, time
 import numpy as np
 import theano
 import theano.tensor as T
+from mpi4py import MPI
 
-rank, flag, steps = int(os.environ["PMI_RANK"]), sys.argv[1], 30
+rank, flag, steps = MPI.COMM_WORLD.Get_rank(), sys.argv[1], 30
 x = T.matrix("x")
 W = theano.shared(np.zeros((3, 2)), name="W")
 loss = T.sqr(T.dot(x, W) - 1).mean()

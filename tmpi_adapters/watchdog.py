@@ -230,15 +230,13 @@ class Watchdog:
             self._receive()
 
     # -- what the main thread tells it ------------------------------------------------
-    def on_stall(self, what, waited, frame=None):
+    def on_stall(self, what, waited, frame):
         """The exchanger's stall handler: note the stall and keep waiting.
 
         Called on the main thread from inside the wait; the wait's ``frame``
         (see :meth:`tmpi_adapters.exchanger.Exchanger.stalled`) tells the
         thread when the wait is over.
         """
-        if frame is None:
-            frame = sys._getframe(1)
         self.stall = {"what": what, "since": time.time() - waited, "frame": frame}
         if not self.heartbeats:
             raise StallError("rank %d waited %.0f s in %s; other ranks never reached it."
@@ -253,7 +251,7 @@ class Watchdog:
             time.sleep(sleep)
             sleep = min(sleep * 2, 1e-3)
             if deadline is not None and time.monotonic() > deadline:
-                self.on_stall(what, time.monotonic() - start, frame=sys._getframe())
+                self.on_stall(what, time.monotonic() - start, sys._getframe())
                 deadline = None
 
     def after_step(self, model):

@@ -728,12 +728,6 @@ class _DeviceExchanger(Exchanger):
         if self.size > 1:
             self._wait_mpi(self.comm.Ibarrier(), "barrier", timeout)
 
-    def send(self, array, dest, tag=0):
-        self.isend(array, dest, tag).wait()
-
-    def recv(self, out, source=ANY_SOURCE, tag=ANY_TAG, timeout=None):
-        return self.irecv(out, source, tag).wait(timeout)
-
     def _mpi_source_tag(self, source, tag):
         MPI = self.MPI
         return (MPI.ANY_SOURCE if source == ANY_SOURCE else source,

@@ -502,12 +502,6 @@ class MPIExchanger(Exchanger):
             self._wait(self.comm.Ibarrier(), "barrier", timeout)
 
     # -- point to point ----------------------------------------------------
-    def send(self, array, dest, tag=0):
-        self.isend(array, dest, tag).wait()
-
-    def recv(self, out, source=ANY_SOURCE, tag=ANY_TAG, timeout=None):
-        return self.irecv(out, source, tag).wait(timeout)
-
     def isend(self, array, dest, tag=0):
         array = np.ascontiguousarray(array)
         return MPIRequest(self, self.comm.Isend(array, dest=dest, tag=tag),

@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 
-from ..errors import StallError
 from ..options import resolve_knobs
 from ..protocol import read_values, write_values
 
@@ -119,14 +118,9 @@ class Rule:
                 time.sleep(min(1e-3, 1e-5 * (spins - 199)))
             waited = time.perf_counter() - start
             if timeout is not None and waited > timeout:
-                self._stalled(what() if callable(what) else what, waited, sys._getframe())
+                self.exchanger.stalled(what() if callable(what) else what, waited,
+                                       sys._getframe())
                 start, spins = time.perf_counter(), 0
-
-    def _stalled(self, what, waited, frame):
-        report = getattr(self.exchanger, "stalled", None)
-        if report is not None:
-            return report(what, waited, frame)
-        raise StallError("rank %d waited %.0f s in %s." % (self.rank, waited, what))
 
 
 def flat_size(arrays):

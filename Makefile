@@ -20,6 +20,7 @@ $(STAMP): setup.py pyproject.toml constraints.txt Makefile $(wildcard plugins/*/
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --disable-pip-version-check -c constraints.txt wheel \
 		-e ".[$(EXTRAS)]" $(addprefix -e ,$(PLUGINS))
+	$(BIN)/python -m tmpi_adapters.launch.compat --install-startup-hook
 	touch $(STAMP)
 
 demo: install

@@ -6,7 +6,7 @@ from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
 VERSION = re.search(r'^__version__ = "([^"]+)"',
-                    (HERE / "tmpi_adapters" / "__init__.py").read_text(), re.M).group(1)
+                    (HERE / "tmpi_adapters" / "version.py").read_text(), re.M).group(1)
 
 setup(
     name="tmpi-adapters",
@@ -46,7 +46,7 @@ setup(
         # GPU exchangers; never pulled by the CPU install.
         "gpu": ["cupy-cuda12x", "nvidia-nccl-cu12"],
     },
-    entry_points={"console_scripts": ["tmpi = tmpi_adapters.cli:run"]},
+    entry_points={"console_scripts": ["tmpi = tmpi_adapters.launch.cli:run"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -16,7 +16,7 @@ def test_fused_exchange_paths(n):
 
 @pytest.mark.mpi
 def test_fused_exchange_paths_without_compiled_kernels():
-    from tmpi_adapters.exchangers.kernels import NO_KERNELS_ENV
+    from tmpi_adapters.exchangers.codecs import NO_KERNELS_ENV
     from conftest import rank_env
     result = check(mpiexec(2, sys.executable, SCRIPTS / "fused_exchange.py",
                            env=rank_env(**{NO_KERNELS_ENV: "1"}), timeout=300))

@@ -143,7 +143,7 @@ CONSTRUCT = textwrap.dedent("""
     import sys
     from mpi4py import MPI
     from tmpi_adapters.errors import TmpiError
-    from tmpi_adapters.exchangers.gpu import NCCLExchanger
+    from tmpi_adapters.exchangers.experimental.gpu import NCCLExchanger
     try:
         NCCLExchanger(MPI.COMM_WORLD)
     except TmpiError as error:
@@ -373,7 +373,7 @@ def test_gpu_benchmark_runs_and_writes_json(name, tmp_path):
     n = 2
     _skip_without(name, n)
     out = tmp_path / "bench.json"
-    check(mpiexec(n, sys.executable, "-m", "tmpi_adapters.exchangers.gpu", "--exchanger",
+    check(mpiexec(n, sys.executable, "-m", "tmpi_adapters.exchangers.experimental.gpu", "--exchanger",
                   name, "--mbytes", "1", "--repeats", "2", "--json", out, timeout=300))
     figures = json.loads(out.read_text())
     assert figures["exchanger"] == name and figures["ranks"] == n

@@ -14,7 +14,7 @@ def in_project(*args, **kwargs):
 
 @pytest.mark.mpi
 def test_launch_session_cfg_trains_and_reports_once():
-    result = check(in_project(sys.executable, "-m", "tmpi_adapters.cli", "run", "--config",
+    result = check(in_project(sys.executable, "-m", "tmpi_adapters.launch.cli", "run", "--config",
                               "launch_session.cfg"))
     assert result.stdout.count("epoch 1/6") == 1, result.stdout
     assert "rule bsp" in result.stdout and "2 rank(s)" in result.stdout
@@ -36,7 +36,7 @@ def test_python_api_mirrors_theano_mpi(rule):
 def test_easgd_from_a_launch_session_cfg(tmp_path):
     config = tmp_path / "launch_session.cfg"
     config.write_text("RULE=EASGD\nMODELFILE=models.mlp\nMODELCLASS=MLP\nDEVICES=cuda0,cuda1\n")
-    result = check(in_project(sys.executable, "-m", "tmpi_adapters.cli", "run", "--config",
+    result = check(in_project(sys.executable, "-m", "tmpi_adapters.launch.cli", "run", "--config",
                               config))
     assert "rule easgd" in result.stdout and result.stdout.count("epoch 1/6") == 1
     assert final_numbers(result.stdout, "val_cost")[1] < 0.1
@@ -44,7 +44,7 @@ def test_easgd_from_a_launch_session_cfg(tmp_path):
 
 @pytest.mark.mpi
 def test_avg_sync_type_and_legacy_contract():
-    result = check(in_project(sys.executable, "-m", "tmpi_adapters.cli", "run",
+    result = check(in_project(sys.executable, "-m", "tmpi_adapters.launch.cli", "run",
                               "--modelfile", "models.legacy", "--modelclass", "LegacyLogReg",
                               "-n", "2", "--rule-option", "mode=avg"))
     assert "epoch 3/3" in result.stdout
@@ -52,7 +52,7 @@ def test_avg_sync_type_and_legacy_contract():
 
 
 def test_config_mapping():
-    from tmpi_adapters.theanompi_run import session_settings
+    from tmpi_adapters.frameworks.theanompi.run import session_settings
     assert session_settings("BSP", "cuda0,cuda1,cuda2", "avg", "nccl16") == (
         "bsp", {"mode": "avg"}, 3, "nccl", "fp16")
     assert session_settings("EASGD", ["cuda0", "cuda1"], None, "ar") == (
@@ -78,7 +78,7 @@ def test_bad_config_is_a_clear_error(tmp_path, text, message):
 
 @pytest.mark.mpi
 def test_model_breaking_the_contract_is_named():
-    result = in_project(sys.executable, "-m", "tmpi_adapters.cli", "run", "--modelfile",
+    result = in_project(sys.executable, "-m", "tmpi_adapters.launch.cli", "run", "--modelfile",
                         "models.broken", "--modelclass", "NoVal", "-n", "2")
     assert result.returncode != 0
     assert "NoVal lacks method(s) val_iter" in result.stderr, result.stderr

@@ -9,45 +9,58 @@ The public API is small::
 
     tmpi.wrap("train.py", ["--epochs", "3"], n=2)   # what `tmpi wrap` does
 
-plus :class:`ModelProtocol`, :class:`Exchanger` and :data:`hookimpl` for
-adapter and plugin authors, and :mod:`tmpi_adapters.testing` to test a rule
-on real ranks.
+and, for plugin authors: :class:`Rule` and :class:`Knob` (a synchronisation
+rule and its options), :class:`Exchanger`, :class:`ModelProtocol`,
+:data:`hookimpl` (the hooks are documented in :mod:`tmpi_adapters.hookspecs`),
+the errors (:class:`TmpiError` and its kinds), and :mod:`tmpi_adapters.testing`
+to test a rule on real ranks.  Everything else may change between versions.
+
+Importing this package changes nothing in the interpreter: the compatibility
+shims that Theano, Keras, Lasagne and Blocks need on today's Python are
+applied where a run starts (``tmpi wrap``, ``@distributed``) and, in a
+virtual environment that ``make install`` made, at interpreter start-up.
 """
-from . import compat
+from tmpi_adapters.version import __version__
 
-__version__ = "0.1.0"
-
-compat.apply()
-
-from .pluginmanager import hookimpl  # noqa: E402
-
-__all__ = ["distributed", "wrap", "ModelProtocol", "Exchanger", "hookimpl", "__version__"]
+__all__ = ["distributed", "wrap", "Rule", "Knob", "Exchanger", "ModelProtocol", "hookimpl",
+           "TmpiError", "ConfigError", "MismatchError", "StallError", "NonFiniteError",
+           "CheckpointError", "__version__"]
 
 
 def wrap(script, args=(), n=1, **options):
     """Run ``script`` with ``args`` on ``n`` ranks, like ``tmpi wrap``; returns
     the exit status.  ``options`` are :class:`~tmpi_adapters.options.Options` fields."""
-    from .launcher import launch
-    from .options import Options
+    from tmpi_adapters.launch.launcher import launch
+    from tmpi_adapters.options import Options
     return launch(script, list(args), Options(**options).validate(), n=n)
 
 
+#: Public names imported on first use: importing the package stays cheap (the
+#: virtual environment's start-up hook imports it in every interpreter) and
+#: never imports Theano or numpy before a run has set them up.
+_LAZY = {
+    "hookimpl": ("tmpi_adapters.pluginmanager", "hookimpl"),
+    "distributed": ("tmpi_adapters.launch.decorator", "distributed"),
+    "ModelProtocol": ("tmpi_adapters.core.protocol", "ModelProtocol"),
+    "Exchanger": ("tmpi_adapters.exchangers.base", "Exchanger"),
+    "Rule": ("tmpi_adapters.rules.base", "Rule"),
+    "Knob": ("tmpi_adapters.options", "Knob"),
+    "blocks": ("tmpi_adapters.frameworks.blocks", None),
+}
+_LAZY.update({name: ("tmpi_adapters.errors", name) for name in (
+    "TmpiError", "ConfigError", "MismatchError", "StallError", "NonFiniteError",
+    "CheckpointError")})
+#: Theano-MPI's launcher classes (``from tmpi_adapters import BSP``).
+_THEANO_MPI_RULES = ("BSP", "EASGD", "GOSGD", "ASGD")
+
+
 def __getattr__(name):
-    # Imported on first use: `import tmpi_adapters` must stay cheap and must
-    # not import Theano or numpy before the shims and thread settings apply.
-    if name == "distributed":
-        from .decorator import distributed
-        return distributed
-    if name == "ModelProtocol":
-        from .protocol import ModelProtocol
-        return ModelProtocol
-    if name == "Exchanger":
-        from .exchanger import Exchanger
-        return Exchanger
-    if name in ("BSP", "EASGD", "GOSGD", "ASGD"):
-        from .theanompi_run import rule_class
+    import importlib
+    if name in _LAZY:
+        module, attribute = _LAZY[name]
+        module = importlib.import_module(module)
+        return module if attribute is None else getattr(module, attribute)
+    if name in _THEANO_MPI_RULES:
+        from tmpi_adapters.frameworks.theanompi.run import rule_class
         return rule_class(name)
-    if name == "blocks":
-        from .frameworks import blocks
-        return blocks
     raise AttributeError("module 'tmpi_adapters' has no attribute %r" % name)

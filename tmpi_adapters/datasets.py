@@ -14,7 +14,7 @@ import struct
 
 import numpy as np
 
-from .errors import TmpiError
+from tmpi_adapters.errors import TmpiError
 
 
 class DataError(TmpiError):

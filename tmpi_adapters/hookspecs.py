@@ -32,7 +32,7 @@ def tmpi_rules():
     Returns
     -------
     dict
-        ``{name: RuleClass}``; each class subclasses :class:`tmpi_adapters.rules.Rule`.
+        ``{name: RuleClass}``; each class subclasses :class:`tmpi_adapters.rules.base.Rule`.
         ``name`` is what users pass to ``--rule``.
     """
 
@@ -45,7 +45,7 @@ def tmpi_exchangers():
     -------
     dict
         ``{name: ExchangerClass}``; each class subclasses
-        :class:`tmpi_adapters.exchanger.Exchanger`.  ``name`` is what users pass
+        :class:`tmpi_adapters.exchangers.base.Exchanger`.  ``name`` is what users pass
         to ``--exchanger``.
     """
 
@@ -90,6 +90,20 @@ def tmpi_add_arguments(parser):
     """
 
 
+@hookspec
+def tmpi_commands():
+    """Return ``tmpi`` subcommands this plugin provides.
+
+    Returns
+    -------
+    dict
+        ``{name: (handler, help)}``: ``tmpi NAME ARGS...`` calls
+        ``handler(argv) -> exit status`` with the arguments after ``NAME``;
+        ``help`` is one line for ``tmpi --help``.  Import heavy modules
+        inside the handler, not when the hook is called.
+    """
+
+
 # ---------------------------------------------------------------- decisions
 
 @hookspec(firstresult=True)
@@ -116,7 +130,7 @@ def tmpi_select_exchanger(session):
 
     Parameters
     ----------
-    session : tmpi_adapters.session.Session
+    session : tmpi_adapters.core.session.Session
         The running session; ``session.options`` holds the user's choices.
 
     Returns
@@ -132,13 +146,74 @@ def tmpi_select_exchanger(session):
 @hookspec
 def tmpi_session_start(session):
     """Called on every rank once the session (exchanger, rule, adapter) is ready,
-    before the user's code runs."""
+    before the user's code runs.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.core.session.Session
+    """
 
 
 @hookspec
 def tmpi_model_ready(session, model):
-    """Called on every rank when a :class:`~tmpi_adapters.protocol.ModelProtocol`
-    has been synchronised (identical start) and is about to take its first step."""
+    """Called on every rank when a :class:`~tmpi_adapters.core.protocol.ModelProtocol`
+    has been synchronised (identical start) and is about to take its first step.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.core.session.Session
+    model : tmpi_adapters.core.protocol.ModelProtocol
+    """
+
+
+@hookspec(firstresult=True)
+def tmpi_call(session, call):
+    """Run one call of a compiled function tmpi handed the script.
+
+    Every call of a distributed training function and of every other
+    compiled function passes through this hook.  The built-in
+    implementation (``trylast``) runs ``call.run()`` and returns what it
+    returns.  A ``wrapper=True`` implementation sees the call before and
+    its result after (checkpointing records the call log and writes a
+    checkpoint that fell due); a ``tryfirst`` implementation that returns a
+    value answers the call without running it (a resume replays calls this
+    way).  Return ``None`` to let the call run.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.core.session.Session
+    call : tmpi_adapters.core.function.Call
+        ``call.function`` (has ``.key``, the function's name in logs and
+        checkpoints), ``call.kind`` (``"train"`` for a training step,
+        ``"other"`` otherwise), ``call.args``, ``call.kwargs``, and
+        ``call.run()``.
+
+    Returns
+    -------
+    object
+        The call's result, exactly as the compiled function would return it.
+    """
+
+
+@hookspec
+def tmpi_after_exchange(session, model, gradients, reduced, weight):
+    """Called on every rank inside a training step, right after its gradients
+    were exchanged and before the updates use them.
+
+    The non-finite guard checks the reduced gradients here.  Nothing may be
+    written into ``reduced``.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.core.session.Session
+    model : tmpi_adapters.core.protocol.ModelProtocol
+    gradients : list of numpy.ndarray
+        This rank's own gradients, as the graph computed them.
+    reduced : list of numpy.ndarray
+        What the rule made of them (the same on every rank under BSP).
+    weight : float
+        This rank's rows in the step (0 for a padding row).
+    """
 
 
 @hookspec
@@ -147,8 +222,8 @@ def tmpi_after_step(session, model, step, samples):
 
     Parameters
     ----------
-    session : tmpi_adapters.session.Session
-    model : tmpi_adapters.protocol.ModelProtocol
+    session : tmpi_adapters.core.session.Session
+    model : tmpi_adapters.core.protocol.ModelProtocol
     step : int
         1-based count of steps taken by this model.
     samples : int
@@ -156,9 +231,51 @@ def tmpi_after_step(session, model, step, samples):
     """
 
 
+@hookspec(firstresult=True)
+def tmpi_stall(session, what, waited, frame):
+    """A wait of this rank passed ``--stall-timeout``.
+
+    Called on the waiting thread from inside the wait.  The watchdog
+    implements it: it notes the stall, reports which ranks are missing and
+    lets the wait go on.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.core.session.Session
+    what : str
+        What is awaited (``"allreduce"``, ``"the end of the script"``, ...).
+    waited : float
+        Seconds waited so far.
+    frame : frame
+        The waiting loop's frame: it stays on the stack exactly as long as
+        the wait lasts.
+
+    Returns
+    -------
+    bool or None
+        ``True`` to keep waiting; ``None`` (nobody handles it) raises
+        :class:`~tmpi_adapters.errors.StallError`.
+    """
+
+
+@hookspec
+def tmpi_before_finish(session):
+    """Called on every rank when the user's code has returned without error,
+    before the rule finishes and the end-of-run summary is exchanged.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.core.session.Session
+    """
+
+
 @hookspec
 def tmpi_checkpoint_state(session):
     """Return extra state to store in a checkpoint.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.core.session.Session
 
     Returns
     -------
@@ -169,7 +286,14 @@ def tmpi_checkpoint_state(session):
 
 @hookspec
 def tmpi_restore_state(session, state):
-    """Restore what :func:`tmpi_checkpoint_state` stored (``state`` is the whole dict)."""
+    """Restore what :func:`tmpi_checkpoint_state` stored.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.core.session.Session
+    state : dict
+        Everything every plugin stored, merged.
+    """
 
 
 @hookspec
@@ -178,6 +302,7 @@ def tmpi_session_end(session, error):
 
     Parameters
     ----------
+    session : tmpi_adapters.core.session.Session
     error : BaseException or None
         The exception that ended the run, if any.
     """

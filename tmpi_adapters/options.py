@@ -1,65 +1,131 @@
-"""Run options shared by the CLI, the decorator and every rank, and typed knobs
-for rules (``-o alpha=0.5``)."""
+"""Run options shared by the command line, the decorator and every rank, and
+typed knobs for rules (``--rule-option alpha=0.5``).
+
+Each option is declared once, as a field of :class:`Options` with its flag,
+help, choices and check: ``tmpi wrap --help`` is built from these fields, and
+:meth:`Options.validate` checks a decorator's keyword arguments against the
+same declarations.
+"""
 import dataclasses
 import json
 import os
 
-from .errors import ConfigError
+from tmpi_adapters.errors import ConfigError
+from tmpi_adapters.exchangers.base import PRECISIONS, check_precision
+from tmpi_adapters.exchangers.waiting import check_timeout
 
 OPTIONS_ENV = "TMPI_OPTIONS"
 
 SCALINGS = ("strong", "weak")
 COMPILE_DIRS = ("shared", "per-rank")
 OUTPUTS = ("averaged", "local")
+LOSS_REDUCTIONS = ("mean", "sum")
+
+
+def _positive_or_none(flag):
+    def check(value):
+        if value is not None and value <= 0:
+            raise ConfigError("%s must be positive, not %r" % (flag, value))
+        return value
+    return check
+
+
+def _non_negative(flag):
+    def check(value):
+        if value < 0:
+            raise ConfigError("%s must be >= 0, not %r" % (flag, value))
+        return value
+    return check
+
+
+def _stall_timeout(value):
+    return check_timeout(value, "--stall-timeout", allow_none=False)
+
+
+def _bytes_or_none(text):
+    return None if text in (None, "", "none") else int(text)
+
+
+def option(default, help, choices=None, type=None, check=None, flag=None, metavar=None,
+           negate=None):
+    """A field of :class:`Options` and the ``tmpi wrap`` option that sets it.
+
+    Parameters
+    ----------
+    default : object
+        What users get without the option.
+    help : str
+        One line for ``--help``.
+    choices : tuple, optional
+        The values allowed (checked by :meth:`Options.validate` too).
+    type : callable, optional
+        Converts the command line's text.
+    check : callable, optional
+        ``check(value) -> value``, raising :class:`ConfigError` for a bad one.
+    flag : str, optional
+        The flag, when it is not the field's name spelt with dashes.
+    negate : str, optional
+        For a boolean that defaults to True: the flag that turns it off.
+    """
+    return dataclasses.field(default=default, metadata={
+        "help": help, "choices": choices, "type": type, "check": check, "flag": flag,
+        "metavar": metavar, "negate": negate})
 
 
 @dataclasses.dataclass
 class Options:
     """Everything that shapes a distributed run; defaults are what users get.
 
-    Every field has a ``tmpi wrap`` flag of the same name (``_`` spelt ``-``).
+    Every field but ``rule_options`` and ``extra`` has a ``tmpi wrap`` flag
+    (the field's name with ``-`` for ``_``, unless said otherwise).
     """
 
-    framework: str = None         #: adapter name; detected from the script when None
-    rule: str = "bsp"             #: synchronisation rule
-    rule_options: dict = dataclasses.field(default_factory=dict)  #: raw ``name=value`` knobs
-    exchanger: str = None         #: chosen by the tmpi_select_exchanger hook when None
-    precision: str = None         #: transfer precision: native, fp32, fp16, bf16
-    bucket_bytes: int = None      #: largest fused buffer per collective (None: one per dtype)
-    scaling: str = "strong"       #: strong (split each batch) or weak (whole batches per rank)
-    lr_scaling: bool = False      #: weak scaling: multiply gradients by the rank count
-    warmup_steps: int = 0         #: weak scaling: ramp that multiplier up over this many steps
-    loss_reduction: str = "mean"  #: how the script's loss reduces over the batch: mean or sum
-    outputs: str = "averaged"     #: a training step's returned values: averaged over ranks, or local
-    seed: int = None              #: seed of numpy/random on every rank (rank 0 draws one if None)
-    stall_timeout: float = 300.0  #: seconds a collective may wait before a stall is reported
-    all_ranks_output: bool = False  #: show every rank's stdout, prefixed, not only rank 0's
-    compile_dirs: str = "shared"  #: Theano compile cache: shared (rank 0 first) or per-rank
-    summary: bool = True          #: print the per-step time split when the run ends
-    extra: dict = dataclasses.field(default_factory=dict)  #: fields of later features
+    framework: str = option(None, "theano, keras, lasagne, blocks, theanompi (default: "
+                                  "detected from the script's imports)")
+    rule: str = option("bsp", "synchronisation rule (default bsp)")
+    exchanger: str = option(None, "mpi (default), or another installed exchanger")
+    precision: str = option(None, "transfer precision of exchanged buffers (default native)",
+                            choices=PRECISIONS, check=check_precision)
+    bucket_bytes: int = option(None, "largest fused buffer per collective (default: one per "
+                                     "dtype)", type=_bytes_or_none,
+                               check=_positive_or_none("--bucket-bytes"))
+    scaling: str = option("strong", "strong: split each batch across ranks (exact, default); "
+                                    "weak: each rank trains on whole batches", choices=SCALINGS)
+    lr_scaling: bool = option(False, "weak scaling: scale the gradient (SGD's learning rate) "
+                                     "by N")
+    warmup_steps: int = option(0, "weak scaling: reach the full --lr-scaling over this many "
+                                  "steps", type=int, check=_non_negative("--warmup-steps"))
+    loss_reduction: str = option("mean", "how the script's loss reduces over a batch "
+                                         "(default mean)", choices=LOSS_REDUCTIONS)
+    outputs: str = option("averaged", "what a training step returns (loss, accuracy): "
+                                      "averaged over ranks after every step (default), or "
+                                      "each rank's own, so that asynchronous rules' ranks "
+                                      "never meet per step", choices=OUTPUTS)
+    seed: int = option(None, "seed numpy and random alike on every rank", type=int)
+    stall_timeout: float = option(300.0, "seconds a rank may wait on the others before a "
+                                         "stall is reported (default 300)", type=float,
+                                  check=_stall_timeout)
+    all_ranks_output: bool = option(False, "show every rank's output, prefixed [rank N]")
+    compile_dirs: str = option("shared", "Theano compile cache: shared, filled by rank 0 "
+                                         "first (default), or one per rank",
+                               choices=COMPILE_DIRS)
+    summary: bool = option(True, "print the per-step time split at the end",
+                           negate="--no-summary")
+    #: raw ``name=value`` knobs of the rule (``--rule-option``)
+    rule_options: dict = dataclasses.field(default_factory=dict)
+    #: options plugins added with ``tmpi_add_arguments``, by ``dest``
+    extra: dict = dataclasses.field(default_factory=dict)
 
     def validate(self):
-        if self.scaling not in SCALINGS:
-            raise ConfigError("--scaling must be one of %s, not %r" % (", ".join(SCALINGS),
-                                                                        self.scaling))
-        if self.compile_dirs not in COMPILE_DIRS:
-            raise ConfigError("--compile-dirs must be one of %s, not %r"
-                              % (", ".join(COMPILE_DIRS), self.compile_dirs))
-        if self.loss_reduction not in ("mean", "sum"):
-            raise ConfigError("--loss-reduction must be 'mean' or 'sum', not %r"
-                              % (self.loss_reduction,))
-        if self.outputs not in OUTPUTS:
-            raise ConfigError("--outputs must be one of %s, not %r" % (", ".join(OUTPUTS),
-                                                                        self.outputs))
-        if self.stall_timeout is not None and self.stall_timeout <= 0:
-            raise ConfigError("--stall-timeout must be a positive number of seconds, not %r"
-                              % (self.stall_timeout,))
-        if self.bucket_bytes is not None and self.bucket_bytes <= 0:
-            raise ConfigError("--bucket-bytes must be positive, not %r" % (self.bucket_bytes,))
-        if self.warmup_steps < 0:
-            raise ConfigError("--warmup-steps must be >= 0, not %r" % (self.warmup_steps,))
-        from .exchanger import check_precision
-        self.precision = check_precision(self.precision)
+        """Check every field against its declaration; returns ``self``."""
+        for field in declared_fields():
+            meta, value = field.metadata, getattr(self, field.name)
+            if meta["choices"] and value is not None and meta["check"] is None \
+                    and value not in meta["choices"]:
+                raise ConfigError("%s must be one of %s, not %r" % (
+                    flag_of(field), ", ".join(meta["choices"]), value))
+            if meta["check"] is not None:
+                setattr(self, field.name, meta["check"](value))
         return self
 
     def to_env(self):
@@ -75,6 +141,33 @@ class Options:
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
+
+
+def declared_fields():
+    """The fields of :class:`Options` that have a command-line flag."""
+    return [f for f in dataclasses.fields(Options) if "help" in f.metadata]
+
+
+def flag_of(field):
+    """The command-line flag of a declared field."""
+    return field.metadata["flag"] or "--" + field.name.replace("_", "-")
+
+
+def add_option_arguments(group):
+    """Add a flag for every declared field of :class:`Options` to ``group``
+    (an ``argparse`` parser or argument group); defaults are the fields'."""
+    for field in declared_fields():
+        meta = field.metadata
+        if meta["negate"]:
+            group.add_argument(meta["negate"], dest=field.name, action="store_false",
+                               help="do not " + meta["help"])
+        elif field.type is bool or field.type == "bool":
+            group.add_argument(flag_of(field), dest=field.name, action="store_true",
+                               help=meta["help"])
+        else:
+            group.add_argument(flag_of(field), dest=field.name, default=field.default,
+                               type=meta["type"], choices=meta["choices"],
+                               metavar=meta["metavar"], help=meta["help"])
 
 
 # ----------------------------------------------------------- rule knobs

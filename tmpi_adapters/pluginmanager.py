@@ -13,25 +13,42 @@ import sys
 
 import pluggy
 
-from . import hookspecs
-from .errors import TmpiError
+from tmpi_adapters import hookspecs
+from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.version import __version__
 
+#: Marks a plugin's hook implementations (``@hookimpl``, ``@hookimpl(tryfirst=True)``,
+#: ``@hookimpl(wrapper=True)``); re-exported as :data:`tmpi_adapters.hookimpl`.
 hookimpl = pluggy.HookimplMarker("tmpi")
 
 #: Modules registered before any entry point, in this order.
 BUILTIN_PLUGINS = (
     "tmpi_adapters.exchangers.mpi",
-    "tmpi_adapters.exchangers.gpu",
+    "tmpi_adapters.exchangers.experimental.gpu",
     "tmpi_adapters.rules.bsp",
     "tmpi_adapters.frameworks.theano",
     "tmpi_adapters.frameworks.keras",
     "tmpi_adapters.frameworks.lasagne",
     "tmpi_adapters.frameworks.blocks",
     "tmpi_adapters.frameworks.theanompi",
-    "tmpi_adapters.reliability",
-    "tmpi_adapters.recorder",
-    "tmpi_adapters.known",
+    "tmpi_adapters.core.function",
+    "tmpi_adapters.reliability.plugin",
+    "tmpi_adapters.recording",
+    "tmpi_adapters.bench",
+    "tmpi_adapters.launch.cli",
+    "tmpi_adapters.pluginmanager",
 )
+
+#: Names provided by distributions that may not be installed, for the error
+#: an unknown ``--rule`` gets.  Inside a virtual environment made by ``make
+#: install`` these commands work as they are (its pip finds the project's
+#: wheels); elsewhere, add ``--find-links DIR`` with the wheels' directory.
+KNOWN = {
+    "easgd": "pip install tmpi-plugin-easgd",
+    "gosgd": "pip install tmpi-plugin-gosgd",
+    "asgd": "pip install tmpi-plugin-asgd",
+    "downpour": "pip install tmpi-plugin-asgd",
+}
 
 AUTOLOAD_ENV = "TMPI_DISABLE_PLUGIN_AUTOLOAD"
 TRACE_ENV = "TMPI_TRACE_HOOKS"
@@ -103,10 +120,15 @@ def lookup(kind, name, pm=None):
     raise TmpiError(message)
 
 
+def commands(pm=None):
+    """``{name: (handler, help)}`` of every ``tmpi`` subcommand plugins provide."""
+    pm = pm or get_plugin_manager()
+    return _collect(pm.hook.tmpi_commands())
+
+
 def describe_plugins(pm=None):
     """One dict per registered plugin: name, version, distribution, hooks."""
     pm = pm or get_plugin_manager()
-    from . import __version__
     dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
     rows = []
     for name, plugin in pm.list_name_plugin():
@@ -131,3 +153,8 @@ def _provides(plugin):
         if impl is not None:
             provided += ["%s:%s" % (kind[:-1], name) for name in sorted(impl() or {})]
     return provided
+
+
+@hookimpl
+def tmpi_known_plugins():
+    return dict(KNOWN)

@@ -282,8 +282,8 @@ def run_checks(rule, mode, checks, rule_options=None):
     for.
     """
     pure_python_theano()
-    from .options import Options
-    from .session import Session
+    from tmpi_adapters.options import Options
+    from tmpi_adapters.core.session import Session
     options = Options(rule=rule, seed=7, stall_timeout=300, summary=False,
                       rule_options=dict(rule_options or {}))
     session = Session(options).start()

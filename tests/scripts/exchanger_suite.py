@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 import tmpi_adapters  # noqa: F401 - applies the shims
-from tmpi_adapters.exchanger import ANY_SOURCE
+from tmpi_adapters.exchangers.base import ANY_SOURCE
 from tmpi_adapters.pluginmanager import lookup
 
 

@@ -11,7 +11,7 @@ How one ``allreduce`` travels
    buffer and divides afterwards: one collective instead of two.
 2. **Pack.**  The arrays of one dtype are copied into one flat buffer and
    multiplied by ``weight / total`` (or ``1 / size``) in the same pass.  With
-   fp16/bf16 transfer that pass also converts (:mod:`.kernels`).  With
+   fp16/bf16 transfer that pass also converts (:mod:`.codecs`).  With
    ``bucket_bytes`` the buffer is reduced in buckets of at most that size, one
    after the other.
 3. **Reduce.**  Small buckets use MPI's ``Allreduce``.  Large ones are reduced
@@ -22,32 +22,28 @@ How one ``allreduce`` travels
    sums fp16/bf16 codes in float32 with one rounding at the end, with no
    user-defined MPI operation.  Every rank ends with bit-identical results.
 4. **Unpack.**  Results are copied into ``out`` or fresh arrays, or, inside
-   :meth:`~tmpi_adapters.exchanger.Exchanger.borrowing`, handed back as views
+   :meth:`~tmpi_adapters.exchangers.base.Exchanger.borrowing`, handed back as views
    of the buffer without a copy.
 
 ``TMPI_ALLREDUCE_ALGORITHM`` (``auto``, ``allreduce`` or ``rsag``) overrides
 the choice in step 3; ``auto`` switches at :data:`RSAG_MIN_BYTES`.
 """
 import os
-import sys
 import time
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..exchanger import (ANY_SOURCE, ANY_TAG, Exchanger, Request, check_precision,
+from tmpi_adapters.errors import ConfigError
+from tmpi_adapters.exchangers.base import (ANY_SOURCE, ANY_TAG, Exchanger, Request, check_precision,
                          check_reduce_op, pack_plan)
-from ..pluginmanager import hookimpl
-from . import kernels
-from .kernels import bf16_decode, bf16_encode  # noqa: F401 - part of this module's API
+from tmpi_adapters.pluginmanager import hookimpl
+from tmpi_adapters.exchangers import codecs
 
 ALGORITHMS = ("auto", "allreduce", "rsag")
 ALGORITHM_ENV = "TMPI_ALLREDUCE_ALGORITHM"
 #: From this many bytes a bucket is reduced as reduce-scatter + allgather
 #: (measured crossover with MPICH on shared memory: 256 KiB - 1 MiB).
 RSAG_MIN_BYTES = 512 * 1024
-#: Seconds a wait polls without yielding the core (see :class:`_Poller`).
-SPIN_SECONDS = 50e-6
 #: Array signatures whose buffers are kept between calls.
 _MAX_PLANS = 32
 
@@ -56,75 +52,6 @@ def split_counts(n, size):
     """Counts and offsets of ``size`` balanced contiguous shares of ``n`` elements."""
     bounds = [n * r // size for r in range(size + 1)]
     return [bounds[r + 1] - bounds[r] for r in range(size)], bounds[:-1]
-
-
-class _Poller:
-    """Waits on MPI requests without hogging a core, with a deadline.
-
-    ``patient`` waits (synchronisation points, where a slow rank may keep us
-    for long) first poll flat out for :data:`SPIN_SECONDS` (a collective whose
-    ranks have all arrived completes in microseconds, and giving the core
-    away costs a scheduler time slice), then yield the core between polls,
-    then back off to short sleeps.  Other waits follow a synchronisation
-    point, so every rank is there: they poll without pause, because MPI
-    progresses a transfer only while it is polled.  With more ranks than
-    cores every wait yields: the rank being waited for needs the core.
-    """
-
-    def __init__(self, exchanger):
-        self.exchanger = exchanger
-        self.oversubscribed = exchanger.size > (os.cpu_count() or 1)
-
-    def wait(self, test, what, timeout, patient=True):
-        if test():
-            return
-        deadline = _Deadline(self.exchanger, what, timeout)
-        if not self.oversubscribed:
-            until = deadline.start + SPIN_SECONDS if patient else float("inf")
-            if self._spin(test, until, deadline):
-                return
-        self._back_off(test, deadline)
-
-    @staticmethod
-    def _spin(test, until, deadline):
-        """Poll flat out until ``until``; True once ``test()`` succeeded."""
-        polls = 0
-        while time.perf_counter() < until:
-            if test():
-                return True
-            polls += 1
-            if polls % 256 == 0:
-                deadline.check()
-        return False
-
-    @staticmethod
-    def _back_off(test, deadline):
-        spins = 0
-        while not test():
-            spins += 1
-            if spins < 2000:
-                os.sched_yield()
-            else:
-                # Past a few ms nobody is waiting on latency; let co-located
-                # ranks (oversubscribed runs) have the core.
-                time.sleep(min(1e-3, 1e-5 * (spins - 1999)))
-            if spins % 64 == 0:
-                deadline.check()
-
-
-class _Deadline:
-    """Reports a wait that outlives ``timeout`` to the exchanger, once."""
-
-    def __init__(self, exchanger, what, timeout):
-        self.exchanger, self.what = exchanger, what
-        self.frame = sys._getframe(1)  # the poller's wait: on the stack while it lasts
-        self.start = time.perf_counter()
-        self.at = None if timeout is None else self.start + timeout
-
-    def check(self):
-        if self.at is not None and time.perf_counter() > self.at:
-            self.at = None  # a handler that returns keeps waiting
-            self.exchanger.stalled(self.what, time.perf_counter() - self.start, self.frame)
 
 
 class MPIRequest(Request):
@@ -145,7 +72,7 @@ class MPIRequest(Request):
     def wait(self, timeout=None):
         if timeout is None:
             timeout = self._exchanger.timeout
-        self._exchanger._poller.wait(self.test, self._what, timeout)
+        self._exchanger.wait_for(self.test, self._what, timeout)
         return self._status.Get_source(), self._status.Get_tag()
 
     def cancel(self):
@@ -205,7 +132,7 @@ class MPIExchanger(Exchanger):
     Parameters
     ----------
     comm, precision, bucket_bytes, timeout
-        See :class:`~tmpi_adapters.exchanger.Exchanger`.
+        See :class:`~tmpi_adapters.exchangers.base.Exchanger`.
     algorithm : {"auto", "allreduce", "rsag"}, optional
         How buckets are reduced (module doc, step 3); default from
         ``$TMPI_ALLREDUCE_ALGORITHM``, else ``"auto"``.
@@ -215,8 +142,8 @@ class MPIExchanger(Exchanger):
     memory = "host"
 
     def __init__(self, comm=None, precision=None, bucket_bytes=None, timeout=None,
-                 algorithm=None):
-        super().__init__(comm, precision, bucket_bytes, timeout)
+                 on_stall=None, algorithm=None):
+        super().__init__(comm, precision, bucket_bytes, timeout, on_stall)
         from mpi4py import MPI
         self.MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
@@ -227,21 +154,19 @@ class MPIExchanger(Exchanger):
             raise ConfigError("unknown allreduce algorithm %r (%s); choose one of %s"
                               % (algorithm, ALGORITHM_ENV, ", ".join(ALGORITHMS)))
         self.algorithm = algorithm
-        self._poller = _Poller(self)  # after rank/size: it looks at both
         self._buffers = {}
         self._plans = {}
         self._private = None
 
     # -- waiting -----------------------------------------------------------
     def _wait(self, request, what, timeout=None):
-        timeout = self.timeout if timeout is None else timeout
-        self._poller.wait(request.Test, what, timeout)
+        self.wait_for(request.Test, what, timeout)
 
     def _sync(self, request, what):
         """Wait at a synchronisation point; the time counts as waiting."""
         start = time.perf_counter()
         self.stats.collectives += 1
-        self._poller.wait(request.Test, what, self.timeout)
+        self.wait_for(request.Test, what)
         self.stats.wait_s += time.perf_counter() - start
 
     def _transfer(self, start, what, nbytes):
@@ -253,7 +178,7 @@ class MPIExchanger(Exchanger):
         self.stats.wire_bytes += nbytes
         test = requests[0].Test if len(requests) == 1 else (
             lambda: self.MPI.Request.Testall(requests))
-        self._poller.wait(test, what, self.timeout, patient=False)
+        self.wait_for(test, what, patient=False)
         self.stats.transfer_s += time.perf_counter() - begin
 
     # -- helpers -----------------------------------------------------------
@@ -365,7 +290,7 @@ class MPIExchanger(Exchanger):
             if factor == 0:
                 dst.fill(0)  # even where this rank's values are NaN; 0 is +0.0 in fp16/bf16
             elif group.fmt is not None:
-                kernels.encode(np.ascontiguousarray(src), factor, dst, group.fmt)
+                codecs.encode(np.ascontiguousarray(src), factor, dst, group.fmt)
             elif factor == 1:
                 np.copyto(dst, src, casting="unsafe")
             else:
@@ -410,7 +335,7 @@ class MPIExchanger(Exchanger):
             for part in parts:
                 np.add(own, part, out=own)
         else:
-            kernels.reduce_codes([own] + parts, own, group.fmt)
+            codecs.reduce_codes([own] + parts, own, group.fmt)
 
         def gather():  # my reduced share to everyone, theirs into place
             return ([comm.Irecv(buf[offsets[peer]:offsets[peer] + counts[peer]], source=peer,
@@ -435,10 +360,10 @@ class MPIExchanger(Exchanger):
         if group.fmt is None:
             np.copyto(result, wire, casting="unsafe")
         elif result.dtype == np.float32:
-            kernels.decode(wire, result, group.fmt)
+            codecs.decode(wire, result, group.fmt)
         else:
             decoded = self._buffer(("decoded",), hi - lo, np.float32)
-            kernels.decode(wire, decoded, group.fmt)
+            codecs.decode(wire, decoded, group.fmt)
             np.copyto(result, decoded, casting="unsafe")
 
     def _unpack(self, plan, out):

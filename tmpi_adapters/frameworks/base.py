@@ -1,5 +1,5 @@
 """What every framework adapter is: something that hooks a framework while a
-user's script runs, and hands tmpi :class:`~tmpi_adapters.protocol.ModelProtocol` s."""
+user's script runs, and hands tmpi :class:`~tmpi_adapters.core.protocol.ModelProtocol` s."""
 import ast
 import re
 
@@ -51,7 +51,7 @@ class FrameworkAdapter:
 
     Parameters
     ----------
-    session : tmpi_adapters.session.Session
+    session : tmpi_adapters.core.session.Session
     """
 
     #: the name users pass to ``--framework``

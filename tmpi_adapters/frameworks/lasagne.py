@@ -34,11 +34,13 @@ import inspect
 
 import numpy as np
 
-from ..errors import ConfigError, TmpiError
-from ..pluginmanager import hookimpl
-from ..protocol import ModelProtocol, check_signatures, read_values, write_values
-from .base import imports_module
-from .theano import DistributedFunction, TheanoAdapter, _is_marker
+from tmpi_adapters.errors import ConfigError, TmpiError
+from tmpi_adapters.pluginmanager import hookimpl
+from tmpi_adapters.core.protocol import ModelProtocol
+from tmpi_adapters.frameworks.base import imports_module
+from tmpi_adapters.core.function import DistributedFunction
+from tmpi_adapters.core.graph import is_marker
+from tmpi_adapters.frameworks.theano import TheanoAdapter
 
 #: ``lasagne.updates`` functions that do not return an updates dictionary.
 _NOT_UPDATE_RULES = ("get_or_compute_grads", "norm_constraint", "total_norm_constraint")
@@ -311,14 +313,9 @@ class LasagneAdapter(TheanoAdapter):
 
     def synchronize_read_only(self, function):
         """Identical start for what a training function reads but does not update."""
-        session = self.session
         variables = function.read_only
-        probe = ModelProtocol(variables, name=function.model.name)
-        check_signatures(session.exchanger.allgather_object(probe.signature()))
-        if variables:
-            arrays = [np.array(a, copy=True, order="C") for a in read_values(variables)]
-            session.exchanger.broadcast(arrays, root=0)
-            write_values(variables, arrays)
+        self.session.identical_start(
+            variables, ModelProtocol(variables, name=function.model.name).signature())
 
     # -- end of run -------------------------------------------------------------------
     def check_finished(self):
@@ -409,7 +406,7 @@ def _gradient_owner(expr):
         if id(var) in seen:
             continue
         seen.add(id(var))
-        if _is_marker(var):
+        if is_marker(var):
             wrt = var.owner.op.wrt
             if wrt is not None and not any(wrt is o for o in owners):
                 owners.append(wrt)

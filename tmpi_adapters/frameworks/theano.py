@@ -4,14 +4,14 @@ While the script runs, two Theano entry points are hooked:
 
 ``theano.grad``
     gradients with respect to shared variables come back wrapped in a
-    :class:`~tmpi_adapters.ops.GradientMarker` (an identity).
+    :class:`~tmpi_adapters.core.ops.GradientMarker` (an identity).
 ``theano.function``
     a function whose updates use marked gradients is a *training function*.
-    Its markers are replaced by one :class:`~tmpi_adapters.ops.FusedAllreduce`
+    Its markers are replaced by one :class:`~tmpi_adapters.core.ops.FusedAllreduce`
     (gradient rules) or removed (parameter rules), and the compiled function
     is returned wrapped in a :class:`DistributedFunction` that splits each
     batch across ranks.  The shared variables it reads become a
-    :class:`~tmpi_adapters.protocol.ModelProtocol`: the ``wrt`` of the marked
+    :class:`~tmpi_adapters.core.protocol.ModelProtocol`: the ``wrt`` of the marked
     gradients are the parameters, other updated variables are optimizer state
     (updates that use gradients or nothing from the data) or model state
     (updates computed from the data, like BatchNorm statistics).
@@ -28,18 +28,14 @@ import sys
 
 import numpy as np
 
-from ..errors import TmpiError
-from ..pluginmanager import hookimpl
-from ..protocol import ModelProtocol, variable_name
-from ..session import check_ranks_vs_rows
-from .base import FrameworkAdapter, imports_module
+from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
+from tmpi_adapters.core.graph import ancestors, is_marker
+from tmpi_adapters.core.protocol import ModelProtocol, variable_name
+from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.frameworks.base import FrameworkAdapter, imports_module
+from tmpi_adapters.pluginmanager import hookimpl
 
 _function_ids = itertools.count()
-
-
-def split_bounds(rows, rank, size):
-    """This rank's ``[lo, hi)`` of ``rows`` rows split in contiguous, balanced parts."""
-    return rows * rank // size, rows * (rank + 1) // size
 
 
 class _SlicedGiven:
@@ -62,16 +58,6 @@ class _SlicedGiven:
         self.hi = theano.shared(np.int64(0), name="tmpi_hi")
         base = node.inputs[0]
         self.value = base[(slice(self.lo, self.hi),) + tuple(idx[1:])]
-
-
-def _ancestors(variables):
-    from theano.gof.graph import ancestors
-    return ancestors([v for v in variables if v is not None])
-
-
-def _is_marker(variable):
-    from ..ops import GradientMarker
-    return variable.owner is not None and isinstance(variable.owner.op, GradientMarker)
 
 
 class TheanoAdapter(FrameworkAdapter):
@@ -128,7 +114,7 @@ class TheanoAdapter(FrameworkAdapter):
     def _mark(g, wrt):
         from theano.compile.sharedvalue import SharedVariable
         from theano.tensor import TensorVariable
-        from ..ops import GradientMarker
+        from tmpi_adapters.core.ops import GradientMarker
         if (isinstance(wrt, SharedVariable) and isinstance(g, TensorVariable)
                 and g.dtype.startswith("float")):
             return GradientMarker(wrt)(g)
@@ -162,7 +148,7 @@ class TheanoAdapter(FrameworkAdapter):
         output_list, rebuild_outputs = _normalize_outputs(outputs)
         graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
         graph += [expr for _, expr in update_pairs]
-        markers = sorted({v.owner for v in _ancestors(graph) if _is_marker(v)},
+        markers = sorted({v.owner for v in ancestors(graph) if is_marker(v)},
                          key=lambda node: node.op.index)
         if not markers:
             return self._observed(self.compile(*args, **kwargs), params)
@@ -182,9 +168,10 @@ class TheanoAdapter(FrameworkAdapter):
                                        updates, markers, params_of)
 
     def _observed(self, compiled, params):
-        """A function that is not distributed, routed through the session's call
-        interceptor when one is set (checkpoint replay answers for it)."""
-        if self.session.call_interceptor is None:
+        """A function that is not distributed: returned as compiled, or, when a
+        plugin watches calls (checkpoint replay answers for them), routed
+        through the ``tmpi_call`` hook."""
+        if not self.session.observes_calls:
             return compiled
         key = "%s~%d" % (params.get("name") or "function", self.session.functions_compiled)
         return ObservedFunction(self.session, compiled, key, bool(params.get("updates")))
@@ -213,7 +200,7 @@ class TheanoAdapter(FrameworkAdapter):
         return (inputs,), arguments
 
     def make_model(self, key, params, optimizer_state, model_state, graph, data):
-        """The :class:`~tmpi_adapters.protocol.ModelProtocol` of a training function.
+        """The :class:`~tmpi_adapters.core.protocol.ModelProtocol` of a training function.
 
         Framework adapters that know more about the model than the graph shows
         override this to refine the generic analysis.
@@ -234,14 +221,16 @@ class TheanoAdapter(FrameworkAdapter):
     def _training_function(self, bound, output_list, rebuild_outputs, update_pairs, updates,
                            markers, params):
         import theano
-        from ..ops import FusedAllreduce
+        from tmpi_adapters.core.ops import FusedAllreduce
         session = self.session
         arguments = bound.arguments
         index = next(_function_ids)
         key = "%s#%d" % (arguments.get("name") or "train_fn", index)
 
         if session.rule.exchanges == "gradients":
-            fused = FusedAllreduce(key, len(markers))(*[node.inputs[0] for node in markers])
+            fused = FusedAllreduce(key, len(markers), exchange=session.exchange_gradients,
+                                   borrowed=session.size > 1)(
+                *[node.inputs[0] for node in markers])
             fused = fused if isinstance(fused, (list, tuple)) else [fused]
             replace = {node.outputs[0]: out for node, out in zip(markers, fused)}
         else:
@@ -257,7 +246,7 @@ class TheanoAdapter(FrameworkAdapter):
         for var, expr in update_pairs:
             if any(var is p for p in params):
                 continue
-            above = set(_ancestors([expr]))
+            above = set(ancestors([expr]))
             if above & marker_outputs or not (above & data):
                 optimizer_state.append(var)
             else:
@@ -315,10 +304,6 @@ class TheanoAdapter(FrameworkAdapter):
         return "round-robin" if self.session.options.scaling == "weak" else "rows"
 
     # -- end of run ---------------------------------------------------------------
-    def flush(self):
-        for function in self.functions:
-            function.flush()
-
     def check_finished(self):
         if not self.functions:
             raise TmpiError(
@@ -356,220 +341,6 @@ def _normalize_outputs(outputs):
         return new[0]
     rebuild.single = True
     return [outputs], rebuild
-
-
-class DistributedFunction:
-    """A training function compiled for one rank: splits batches, exchanges, steps.
-
-    Calls look exactly like calls of the Theano function it wraps; other
-    attributes are forwarded to it.
-
-    Strong scaling (default): every array argument whose first dimension is the
-    batch's is cut to this rank's contiguous share (or, in the ``givens``
-    style, the dataset slice is); the step's gradients are averaged weighted
-    by rows, so the result is the one-process result.  Returned scalars are
-    averaged the same way; returned arrays with one row per sample are
-    concatenated.
-
-    Weak scaling (``--scaling weak``): the first call is split as above; after
-    it, each group of N consecutive calls is one step in which rank r trains on
-    the r-th call's whole batch (a global batch of N*B).  Calls that only hand
-    a rank its batch return the latest step's results.
-    """
-
-    def __init__(self, adapter, compiled, model, sliced, bounds_fn, single_output):
-        self.adapter = adapter
-        self.session = adapter.session
-        self.fn = compiled
-        self.model = model
-        self.sliced = sliced
-        self.bounds_fn = bounds_fn
-        self.single_output = single_output
-        self.calls = 0
-        self._kinds = None
-        self._stash = None
-        self._latest = None
-        self._last_outputs = None
-        #: this rank's weight (rows) in the latest step; 0 for a padding row
-        self.last_weight = None
-
-    def __getattr__(self, name):
-        return getattr(self.fn, name)
-
-    def __repr__(self):
-        return "<tmpi DistributedFunction %s of %r>" % (self.model.name, self.fn)
-
-    # -- batches --------------------------------------------------------------------
-    def _rows(self, args, kwargs):
-        """Global batch rows of a call (``None`` when no batch is found)."""
-        if self.sliced:
-            raw = [int(b) for b in self.bounds_fn(*args, **kwargs)]
-            # Python slice semantics: negative and past-the-end bounds clip.
-            bounds = []
-            for start, stop, length in zip(raw[::3], raw[1::3], raw[2::3]):
-                start, stop, _ = slice(start, stop).indices(length)
-                bounds += [start, max(start, stop)]
-            lengths = {stop - start for start, stop in zip(bounds[::2], bounds[1::2])}
-            if len(lengths) != 1:
-                raise TmpiError(
-                    "%s slices its givens to different lengths %s in one call; tmpi cannot "
-                    "split such a batch across ranks." % (self.model.name, sorted(lengths)))
-            return lengths.pop(), bounds
-        leading = [np.shape(a)[0] for a in itertools.chain(args, kwargs.values())
-                   if isinstance(a, np.ndarray) and a.ndim >= 1]
-        if not leading:
-            return None, None
-        values, counts = np.unique(leading, return_counts=True)
-        return int(values[np.argmax(counts)]), None
-
-    def _local_call(self, args, kwargs, rows, bounds, lo, hi):
-        """Arguments that make the compiled function see rows ``[lo, hi)``."""
-        if self.sliced:
-            for s, start in zip(self.sliced, bounds[::2]):
-                s.lo.set_value(np.int64(start + lo))
-                s.hi.set_value(np.int64(start + hi))
-            return args, kwargs
-
-        def cut(a):
-            if isinstance(a, np.ndarray) and a.ndim >= 1 and a.shape[0] == rows:
-                return a[lo:hi]
-            return a
-        return [cut(a) for a in args], {k: cut(v) for k, v in kwargs.items()}
-
-    @property
-    def key(self):
-        """Names this function in checkpoints and messages."""
-        return self.model.name
-
-    # -- calling ------------------------------------------------------------------------
-    def __call__(self, *args, **kwargs):
-        intercept = self.session.call_interceptor
-        if intercept is not None:
-            return intercept(self, "train", self._call, args, kwargs)
-        return self._call(*args, **kwargs)
-
-    def _call(self, *args, **kwargs):
-        session = self.session
-        self.calls += 1
-        mode = self.adapter.batch_mode()
-        if mode == "round-robin" and self.calls > 1:
-            return self._weak_call(args, kwargs)
-        rows, bounds = self._rows(args, kwargs)
-        if mode == "local":
-            return self._step(args, kwargs, weight=rows or 1, rows=rows)
-        if rows is None or session.size == 1:
-            if self.sliced:
-                self._local_call(args, kwargs, rows, bounds, 0, rows)
-            return self._step(args, kwargs, weight=rows or 1, rows=rows)
-        if self.calls == 1:
-            check_ranks_vs_rows(rows, session.size, self.model.name)
-        lo, hi = split_bounds(rows, session.rank, session.size)
-        weight = hi - lo
-        if weight == 0:  # a short last batch: run one padding row that counts for nothing
-            lo, hi = 0, 1
-        local_args, local_kwargs = self._local_call(args, kwargs, rows, bounds, lo, hi)
-        return self._step(local_args, local_kwargs, weight=weight, rows=hi - lo)
-
-    def step_local(self, *args, **kwargs):
-        """One step on this rank's whole batch, whatever the scaling mode.
-
-        For adapters that give each rank its own data at the framework's level
-        (a weak-scaling ``fit`` on this rank's shard): nothing is split, the
-        gradients of all ranks are averaged weighted by their rows and returned
-        scalars are averaged the same way.
-        """
-        rows, bounds = self._rows(args, kwargs)
-        if self.sliced:
-            self._local_call(args, kwargs, rows, bounds, 0, rows)
-        return self._step(args, kwargs, weight=rows or 1, rows=rows)
-
-    def _step(self, args, kwargs, weight, rows):
-        session = self.session
-        self.last_weight = weight
-        session.begin_step(self.model, weight)
-        outputs = self.fn(*args, **kwargs)
-        values = [outputs] if self.single_output else list(outputs or [])
-        if values and session.size > 1:
-            if self._kinds is None:
-                self._kinds = session.output_kinds(values, rows)
-            if session.options.outputs == "averaged" or "rows" in self._kinds:
-                values = session.reduce_outputs(values, weight, self._kinds)
-        session.end_step(self.model, weight, outputs=values)
-        if self.single_output:
-            result = values[0]
-        elif isinstance(outputs, tuple):
-            result = tuple(values)
-        else:
-            result = values if outputs is not None else outputs
-        self._last_outputs = result
-        return result
-
-    def _weak_call(self, args, kwargs):
-        size, rank = self.session.size, self.session.rank
-        position = (self.calls - 2) % size
-        self._latest = (args, kwargs)
-        if position == rank:
-            self._stash = _hold(args, kwargs)
-        if position < size - 1:
-            return self._last_outputs
-        return self._run_stash()
-
-    def _run_stash(self):
-        if self._stash is not None:
-            args, kwargs = self._stash
-            weight = None
-        else:
-            args, kwargs = self._latest
-            weight = 0
-        rows, bounds = self._rows(args, kwargs)
-        rows = rows or 1
-        if self.sliced:
-            self._local_call(args, kwargs, rows, bounds, 0, rows)
-        self._stash = None
-        return self._step(args, kwargs, weight=rows if weight is None else 0, rows=rows)
-
-    def flush(self):
-        """Run a weak-scaling group that the script's loop left incomplete."""
-        if self.adapter.batch_mode() != "round-robin" or self.calls <= 1:
-            return
-        if (self.calls - 2) % self.session.size != self.session.size - 1:
-            self._run_stash()
-
-
-class ObservedFunction:
-    """A compiled function tmpi does not distribute (validation, prediction).
-
-    Calls go through the session's call interceptor, so a checkpoint resume
-    can replay what the function returned; every other attribute is the
-    function's own (Theano itself calls ``f.fn()`` and ``f.input_storage`` on
-    some functions, so this wrapper's own names stay out of their way).
-    """
-
-    def __init__(self, session, fn, key, has_updates):
-        self._tmpi_session = session
-        self._tmpi_fn = fn
-        self.key = key
-        #: functions with updates change state and always really run
-        self.has_updates = has_updates
-
-    def __getattr__(self, name):
-        return getattr(self._tmpi_fn, name)
-
-    def __repr__(self):
-        return "<tmpi ObservedFunction %s of %r>" % (self.key, self._tmpi_fn)
-
-    def __call__(self, *args, **kwargs):
-        intercept = self._tmpi_session.call_interceptor
-        if intercept is None:
-            return self._tmpi_fn(*args, **kwargs)
-        return intercept(self, "other", self._tmpi_fn, args, kwargs)
-
-
-def _hold(args, kwargs):
-    """Copy array arguments a script might overwrite before the step runs."""
-    def keep(a):
-        return a.copy() if isinstance(a, np.ndarray) else a
-    return [keep(a) for a in args], {k: keep(v) for k, v in kwargs.items()}
 
 
 # -- plugin hooks ------------------------------------------------------------------

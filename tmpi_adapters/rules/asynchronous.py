@@ -17,9 +17,9 @@ first element, and an end that loses no message.
 """
 import numpy as np
 
-from ..exchanger import ANY_SOURCE
-from ..protocol import read_values
-from . import flat_size, pack, unpack
+from tmpi_adapters.exchangers.base import ANY_SOURCE
+from tmpi_adapters.core.protocol import read_values
+from tmpi_adapters.rules.base import PerModel, flat_size, pack, unpack
 
 
 class Mailbox:
@@ -27,13 +27,13 @@ class Mailbox:
 
     A message is one flat buffer of the model's dtype: ``header`` elements,
     the first of which says what kind of message it is, then the whole model
-    (:func:`~tmpi_adapters.rules.pack`), or the header alone.  Arrays are never
+    (:func:`~tmpi_adapters.rules.base.pack`), or the header alone.  Arrays are never
     pickled.  The mailbox keeps at most one receive posted, into
     :attr:`inbox`, and the buffer of every send until the send completes.
 
     Parameters
     ----------
-    exchanger : tmpi_adapters.exchanger.Exchanger
+    exchanger : tmpi_adapters.exchangers.base.Exchanger
     values : list of numpy.ndarray
         The model's values: they give the dtype of a message (their common
         type) and its length.
@@ -131,7 +131,7 @@ class Mailbox:
 
         ``handler`` is the one of :meth:`handle`; it adds the sender of a
         ``DONE`` to :attr:`done`.  The wait is ``rule``'s
-        :meth:`~tmpi_adapters.rules.Rule.wait_until`: each arrival restarts
+        :meth:`~tmpi_adapters.rules.base.Rule.wait_until`: each arrival restarts
         its stall timeout (a rank that still sends is alive, only slower),
         and a stall report names the ranks still missing.
         """
@@ -154,7 +154,7 @@ HOLDER = 0
 PUSH, DONE, ANSWER, FINAL = 1.0, 2.0, 3.0, 4.0
 
 
-class HolderExchange:
+class HolderExchange(PerModel):
     """One model's exchange with a holder: rank 0 holds :attr:`center`, the
     other ranks (workers) push to it and take its answers.
 
@@ -178,13 +178,13 @@ class HolderExchange:
 
     Parameters
     ----------
-    rule : tmpi_adapters.rules.Rule
-    model : tmpi_adapters.protocol.ModelProtocol
+    rule : tmpi_adapters.rules.base.Rule
+    model : tmpi_adapters.core.protocol.ModelProtocol
     tag : int
     """
 
     def __init__(self, rule, model, tag):
-        self.rule = rule
+        super().__init__(rule, model, tag)
         #: The model's shared variables, parameters then state.
         self.variables = model.params + model.model_state
         self.up, self.down = tag, tag + 1

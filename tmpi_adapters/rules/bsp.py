@@ -2,13 +2,14 @@
 
 ``mode=grad`` (default): one fused allreduce of the gradients inside the
 compiled graph per step, weighted by each rank's rows, so N ranks take exactly
-the step one rank would take on the whole batch.  ``mode=avg``: every rank steps
-on its own gradients and parameters are averaged every ``period`` steps
-(Theano-MPI's ``avg``).
+the step one rank would take on the whole batch (the exchange itself is
+:meth:`tmpi_adapters.rules.base.Rule.reduce_gradients`).  ``mode=avg``:
+every rank steps on its own gradients and parameters are averaged every
+``period`` steps (Theano-MPI's ``avg``).
 """
-from ..options import Knob, one_of, positive
-from ..pluginmanager import hookimpl
-from . import Rule
+from tmpi_adapters.options import Knob, one_of, positive
+from tmpi_adapters.pluginmanager import hookimpl
+from tmpi_adapters.rules.base import Rule
 
 
 class BSP(Rule):
@@ -24,17 +25,9 @@ class BSP(Rule):
         super().__init__(session, **options)
         self.exchanges = "gradients" if self.mode == "grad" else "parameters"
 
-    def reduce_gradients(self, grads, weight):
-        if self.session.options.loss_reduction == "sum":
-            return self.exchanger.allreduce(grads, op="sum")
-        return self.exchanger.allreduce(grads, op="mean", weight=weight)
-
     def after_step(self, model, samples):
         if self.mode == "avg" and model.step % self.period == 0:
             self.average(model.params + model.model_state, weight=samples)
-        elif model.model_state:
-            # BatchNorm-style statistics come from each rank's own rows.
-            self.average(model.model_state, weight=samples)
 
     def finish(self, model):
         if self.mode == "avg" and model.step % self.period != 0:

@@ -31,8 +31,8 @@ rank reaches the center exactly once, including the last ones, which
 import numpy as np
 
 from tmpi_adapters.options import Knob, positive
-from tmpi_adapters.protocol import read_values, write_values
-from tmpi_adapters.rules import Rule
+from tmpi_adapters.core.protocol import read_values, write_values
+from tmpi_adapters.rules.base import Rule
 from tmpi_adapters.rules.asynchronous import HolderExchange
 
 #: Tags of the first model: workers to holder, holder to workers; each further
@@ -49,7 +49,7 @@ class ASGD(Rule):
 
     Parameters
     ----------
-    session : tmpi_adapters.session.Session
+    session : tmpi_adapters.core.session.Session
     tau : int
         A rank pushes its accumulated update and pulls fresh parameters every
         ``tau`` of its steps (Downpour's ``n_push = n_fetch``).

@@ -36,8 +36,8 @@ import numpy as np
 
 from tmpi_adapters.errors import ConfigError
 from tmpi_adapters.options import Knob, one_of, positive
-from tmpi_adapters.protocol import read_values, write_values
-from tmpi_adapters.rules import Rule
+from tmpi_adapters.core.protocol import read_values, write_values
+from tmpi_adapters.rules.base import Rule
 from tmpi_adapters.rules.asynchronous import HolderExchange
 
 #: Tags of the first model: workers to holder, holder to workers; each further
@@ -55,7 +55,7 @@ class EASGD(Rule):
 
     Parameters
     ----------
-    session : tmpi_adapters.session.Session
+    session : tmpi_adapters.core.session.Session
     alpha : float
         The elastic force: the fraction of the gap between a worker and the
         center that both close at an exchange.  Default ``0.9 / size``.

@@ -25,8 +25,8 @@ one tag of the one communicator), which it handles after every step: a
 import numpy as np
 
 from tmpi_adapters.options import Knob, parse_bool, probability
-from tmpi_adapters.protocol import read_values, write_values
-from tmpi_adapters.rules import Rule
+from tmpi_adapters.core.protocol import read_values, write_values
+from tmpi_adapters.rules.base import Rule
 from tmpi_adapters.rules.asynchronous import Mailbox
 
 #: What a message is, carried in its first element.
@@ -51,7 +51,7 @@ class GoSGD(Rule):
 
     Parameters
     ----------
-    session : tmpi_adapters.session.Session
+    session : tmpi_adapters.core.session.Session
     gossip_probability : float
         Probability that a rank pushes its model to a random peer after one
         of its steps (the paper's ``p``).

@@ -1,0 +1,137 @@
+"""The package's shape: no import cycles, no oversized module, hooks documented,
+and importing tmpi_adapters changes nothing in the interpreter."""
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tmpi_adapters"
+#: A module longer than this is split (the architecture issue's bar).
+MAX_LINES = 600
+
+
+def module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules():
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported(path, name, known):
+    """Every tmpi_adapters module ``path`` imports, at any depth of the file."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            # ``from package import submodule`` imports the submodule, not
+            # anything of the package's own.
+            subs = ["%s.%s" % (base, alias.name) for alias in node.names]
+            targets = [t for t in subs if t in known] or [base]
+        for target in targets:
+            if target in known and target != name:
+                found.add(target)
+    return found
+
+
+def graph():
+    known = modules()
+    return {name: imported(path, name, known) for name, path in known.items()}
+
+
+def find_cycle(edges):
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == "open":
+                return stack[stack.index(target):] + [target]
+            if target not in state:
+                cycle = visit(target)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_no_import_cycles():
+    # Imports inside functions count: a cycle there is a cycle in the design.
+    edges = graph()
+    edges["tmpi_adapters"] = set()  # the package's lazy public names import downwards only
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_is_oversized():
+    long = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    over = {name: n for name, n in long.items() if n > MAX_LINES}
+    assert not over, over
+
+
+def test_every_hook_is_documented_in_the_plugin_guide():
+    from tmpi_adapters import hookspecs
+    hooks = sorted(n for n in vars(hookspecs) if n.startswith("tmpi_"))
+    guide = (ROOT / "docs" / "plugins.md").read_text()
+    documented = set(re.findall(r"^### `(tmpi_\w+)", guide, re.M))
+    assert set(hooks) == documented, (set(hooks) ^ documented)
+    for name in hooks:
+        assert getattr(hookspecs, name).__doc__, name
+
+
+def test_architecture_hook_table_matches_hookspecs():
+    from tmpi_adapters import hookspecs
+    hooks = {n for n in vars(hookspecs) if n.startswith("tmpi_")}
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("## Extension points", 1)[1]
+    assert set(re.findall(r"`(tmpi_\w+)`", table)) == hooks
+
+
+def test_importing_the_package_changes_nothing():
+    # `from tmpi_adapters import datasets` must not patch the interpreter.
+    code = ("import collections, os, sys; os.environ.pop('THEANO_FLAGS', None); "
+            "import tmpi_adapters, tmpi_adapters.datasets, tmpi_adapters.options; "
+            "assert not hasattr(collections, 'Iterable'), 'collections aliased'; "
+            "assert 'THEANO_FLAGS' not in os.environ, 'flags set'; "
+            "assert 'theano' not in sys.modules, 'theano imported'; "
+            "assert 'theano.tensor.signal.downsample' not in sys.modules; print('clean')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=str(ROOT))
+    assert result.stdout.strip() == "clean", result.stderr
+
+
+@pytest.mark.parametrize("name", ["distributed", "wrap", "Rule", "Knob", "Exchanger",
+                                  "ModelProtocol", "hookimpl", "TmpiError", "ConfigError"])
+def test_public_names(name):
+    import tmpi_adapters
+    assert getattr(tmpi_adapters, name) is not None
+    assert name in tmpi_adapters.__all__

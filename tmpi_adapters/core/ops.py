@@ -1,0 +1,157 @@
+"""The Theano Ops that put the gradient exchange inside the compiled graph.
+
+``theano.grad`` under tmpi wraps each gradient with respect to a shared
+variable in a :class:`GradientMarker` (an identity).  When the function that
+uses them is compiled, all markers of that function are replaced by **one**
+:class:`FusedAllreduce` node, so a training step performs one fused exchange.
+
+Copies
+------
+Theano's gradient arrays are copied once, into the exchanger's fused buffer
+(scaled on the way).  The reduced gradients come back as views of that buffer
+(:meth:`~tmpi_adapters.exchangers.base.Exchanger.borrowing`), not copied out again:
+the optimizer's update reads them straight from it.  Two rules keep that
+safe: the outputs are marked indestructible, so no in-place optimisation can
+turn the buffer into a parameter's storage; and an output that leaves the
+function (returned by it, or an update on its own) is copied, because the
+buffer is rewritten at the next step.  On one rank the outputs are Theano's
+own gradient arrays and stay destructible, so the graph computes its
+updates in place exactly as it would without tmpi.
+
+The Op is given the session's exchange when the training function is
+compiled: nothing in it looks for a session at run time.
+"""
+import itertools
+
+import numpy as np
+
+import theano
+from theano.gof import Apply, Op
+
+from tmpi_adapters.errors import TmpiError
+
+_marker_ids = itertools.count()
+
+
+class GradientMarker(Op):
+    """Identity on a gradient, remembering which shared variable it belongs to.
+
+    Outside tmpi (or in a function that is not a training function) it costs
+    nothing: the output is a view of the input.
+    """
+
+    __props__ = ("index",)
+    view_map = {0: [0]}
+
+    def __init__(self, wrt, index=None):
+        self.wrt = wrt
+        self.index = next(_marker_ids) if index is None else index
+
+    def make_node(self, grad):
+        grad = theano.tensor.as_tensor_variable(grad)
+        return Apply(self, [grad], [grad.type()])
+
+    def perform(self, node, inputs, output_storage):
+        output_storage[0][0] = inputs[0]
+
+    def infer_shape(self, node, shapes):
+        return shapes
+
+    def grad(self, inputs, output_grads):
+        return output_grads
+
+    def __reduce__(self):
+        return (GradientMarker, (None, self.index))
+
+
+class FusedAllreduce(Op):
+    """Combine all gradients of one step across ranks in one exchange.
+
+    Parameters
+    ----------
+    key : str
+        Names the training function (for messages and the recorder).
+    n : int
+        Number of gradients.
+    exchange : callable
+        ``exchange(arrays, key=key) -> arrays``: the session's
+        :meth:`~tmpi_adapters.core.session.Session.exchange_gradients`, given
+        when the training function is compiled.
+    borrowed : bool
+        The exchange returns views of buffers it reuses next step (more than
+        one rank), not the input arrays themselves.
+    """
+
+    __props__ = ("key", "n")
+
+    def __init__(self, key, n, exchange=None, borrowed=True):
+        self.key = key
+        self.n = n
+        self._exchange = exchange
+        self.borrowed = borrowed
+        # On one rank output i *is* input i (nothing to reduce); declaring the
+        # alias keeps Theano from destroying the input while the output lives.
+        self.view_map = {i: [i] for i in range(n)}
+
+    def do_constant_folding(self, node):
+        # A collective must run on every call, never at compile time.
+        return False
+
+    def make_node(self, *grads):
+        grads = [theano.tensor.as_tensor_variable(g) for g in grads]
+        outputs = [g.type() for g in grads]
+        for output in outputs:
+            # The value lives in the exchanger's buffer: nothing may reduce it
+            # in place into storage that outlives the step.
+            output.tag.indestructible = self.borrowed
+        return Apply(self, grads, outputs)
+
+    def perform(self, node, inputs, output_storage):
+        if self._exchange is None:
+            raise TmpiError(
+                "training function %s was loaded from a pickle outside the tmpi session that "
+                "compiled it; compile it again under tmpi (its gradients need the session's "
+                "exchange)." % self.key)
+        results = self._exchange(list(inputs), key=self.key)
+        escaping = leaving_outputs(node)
+        for i, (value, store) in enumerate(zip(results, output_storage)):
+            # Copied: this value outlives the step, the buffer does not.
+            store[0] = np.array(value, copy=True) if i in escaping else value
+
+    def infer_shape(self, node, shapes):
+        return shapes
+
+    def grad(self, inputs, output_grads):
+        return output_grads
+
+    def __reduce__(self):
+        return (FusedAllreduce, (self.key, self.n))
+
+
+def leaving_outputs(node):
+    """Indices of ``node``'s outputs whose memory can leave the function: a
+    function output or an update value, directly or through views.
+
+    Computed once per compiled node (cached on ``node.tag``).
+    """
+    cached = getattr(node.tag, "tmpi_leaving", None)
+    if cached is not None:
+        return cached
+    found = set()
+    for index, variable in enumerate(node.outputs):
+        stack, seen = [variable], set()
+        while stack and index not in found:
+            current = stack.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            for client, position in getattr(current, "clients", ()):
+                if client == "output":
+                    found.add(index)
+                    break
+                view_map = getattr(client.op, "view_map", None) or {}
+                stack.extend(client.outputs[o] for o, ins in view_map.items()
+                             if position in ins)
+    node.tag.tmpi_leaving = frozenset(found)
+    return node.tag.tmpi_leaving
+

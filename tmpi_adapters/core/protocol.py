@@ -1,0 +1,148 @@
+"""ModelProtocol: the one shape every framework adapter hands to the rules."""
+import numpy as np
+
+from tmpi_adapters.errors import MismatchError
+
+
+def variable_name(variable, index):
+    """A readable name for a shared variable (``param3`` when it has none)."""
+    return variable.name or "param%d" % index
+
+
+def read_values(variables):
+    """The numpy arrays behind shared variables, not copied (``borrow=True``)."""
+    return [v.get_value(borrow=True, return_internal_type=True) for v in variables]
+
+
+def write_values(variables, arrays):
+    """Store arrays into shared variables without copying (``borrow=True``)."""
+    for v, a in zip(variables, arrays):
+        v.set_value(a, borrow=True)
+
+
+class ModelProtocol:
+    """What tmpi needs of a model, whatever framework built it.
+
+    Adapters fill it with the user's own objects, never copies: the shared
+    variables are the ones the user's graph reads and updates.  Every
+    attribute below is read by tmpi; nothing else is.
+
+    Parameters
+    ----------
+    params : list of theano SharedVariable
+        Trainable parameters, in a fixed order that every rank shares.
+    optimizer_state : list of SharedVariable
+        State the optimizer updates from the (identical) gradients: momentum
+        velocities, Adam moments, iteration counters.  Identical across ranks
+        under gradient-exchange rules.
+    model_state : list of SharedVariable
+        Non-trainable state updated from each rank's data (BatchNorm moving
+        statistics).  Gradient rules average it across ranks after each step.
+    name : str
+        Names the model's training function in messages, logs and checkpoints.
+    train_fn : callable, optional
+        One training iteration, ``train_fn(*batch) -> outputs`` (a
+        :class:`~tmpi_adapters.core.function.DistributedFunction`): the session
+        completes what its last calls left open when the script ends.
+    n_batch_train, n_epochs : int, optional
+        What the adapter knows of the data loop: training steps per epoch (the
+        ``epochs`` unit of ``--checkpoint-every``) and epochs (with the former,
+        the length of the ``--progress`` bar).
+    output_names : list of str or None, optional
+        A name for each value the training function returns (``None`` where
+        unnamed): the columns of ``--record`` and the progress bar.
+    gradient_names : list of str, optional
+        A name for each exchanged gradient, in exchange order, for messages
+        about them (non-finite values); the parameters' names by default.
+    scales_learning_rate : bool
+        True when the adapter applies ``--lr-scaling`` to the optimizer's
+        learning rate itself (Keras, in the graph), so gradients are left alone.
+
+    Attributes
+    ----------
+    step : int
+        Training steps taken so far (kept by the session).
+    synchronized : bool
+        Set once the identical start has been done.
+    """
+
+    def __init__(self, params, optimizer_state=(), model_state=(), name="model",
+                 train_fn=None, n_batch_train=None, n_epochs=None,
+                 output_names=None, gradient_names=None, scales_learning_rate=False):
+        self.params = list(params)
+        self.optimizer_state = list(optimizer_state)
+        self.model_state = list(model_state)
+        self.name = name
+        self.train_fn = train_fn
+        self.n_batch_train = n_batch_train
+        self.n_epochs = n_epochs
+        self.output_names = output_names
+        self.gradient_names = gradient_names
+        self.scales_learning_rate = scales_learning_rate
+        self.step = 0
+        self.synchronized = False
+
+    # -- names and signature -----------------------------------------------
+    def param_names(self):
+        return [variable_name(v, i) for i, v in enumerate(self.params)]
+
+    def exchanged_names(self, count):
+        """Names of ``count`` exchanged gradients: :attr:`gradient_names`, else
+        the parameters' names, else their positions."""
+        if self.gradient_names and len(self.gradient_names) == count:
+            return list(self.gradient_names)
+        if len(self.params) == count:
+            return self.param_names()
+        return ["gradient #%d" % i for i in range(count)]
+
+    @property
+    def state_variables(self):
+        """Everything a checkpoint or an identical start must carry."""
+        return self.params + self.optimizer_state + self.model_state
+
+    def signature(self):
+        """``[(group, name, shape, dtype), ...]`` for every state variable, in order."""
+        rows = []
+        for group, variables in (("param", self.params),
+                                 ("optimizer state", self.optimizer_state),
+                                 ("model state", self.model_state)):
+            for i, v in enumerate(variables):
+                value = v.get_value(borrow=True, return_internal_type=True)
+                rows.append((group, variable_name(v, i), tuple(np.shape(value)),
+                             str(np.asarray(value).dtype)))
+        return rows
+
+    # -- values ---------------------------------------------------------------
+    def get_params(self):
+        return read_values(self.params)
+
+    def set_params(self, arrays):
+        write_values(self.params, arrays)
+
+    def __repr__(self):
+        return "<ModelProtocol %s: %d params, %d optimizer state, %d model state>" % (
+            self.name, len(self.params), len(self.optimizer_state), len(self.model_state))
+
+
+def check_signatures(signatures, rank_of=None):
+    """Raise :class:`MismatchError` naming the first difference from rank 0.
+
+    ``signatures`` is one :meth:`ModelProtocol.signature` per rank.
+    """
+    reference = signatures[0]
+    for rank, sig in enumerate(signatures[1:], start=1):
+        if sig == reference:
+            continue
+        for i, (a, b) in enumerate(zip(reference, sig)):
+            if a != b:
+                raise MismatchError(
+                    "rank %d's model differs from rank 0's at %s #%d: rank 0 has %s %r "
+                    "shape %s dtype %s, rank %d has %s %r shape %s dtype %s. Every rank must "
+                    "build the same model in the same order (same script, same arguments, "
+                    "same floatX)." % (rank, a[0], i, a[0], a[1], a[2], a[3], rank, b[0],
+                                       b[1], b[2], b[3]))
+        raise MismatchError(
+            "rank %d's model has %d state variables, rank 0's has %d (first extra: %r). "
+            "Every rank must build the same model." % (
+                rank, len(sig), len(reference),
+                (sig[len(reference)] if len(sig) > len(reference) else reference[len(sig)])[1]))

@@ -1,0 +1,312 @@
+"""The per-rank session: exchanger, rule, framework adapter and models of one run.
+
+A session is made where a run starts (``tmpi wrap``'s rank, the decorator,
+the Blocks extension) and handed to everything that needs it: the framework
+adapter, the rule, the compiled training functions (their exchange Op is
+given :meth:`Session.exchange_gradients` when they are compiled) and every
+hook.  :func:`active_session` only lets a front door find out whether it
+runs inside ``tmpi wrap``.
+"""
+import random
+import time
+
+import numpy as np
+
+from tmpi_adapters.core.function import Call
+from tmpi_adapters.core.protocol import check_signatures, read_values, write_values
+from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.launch import compat
+from tmpi_adapters.options import Options
+from tmpi_adapters.pluginmanager import get_plugin_manager, lookup
+from tmpi_adapters.recording.recorder import Recorder
+
+_current = None
+
+
+def current_session():
+    """The running :class:`Session`; a clear error outside ``tmpi wrap``/``distributed``."""
+    if _current is None:
+        raise TmpiError("no tmpi session is running in this process. Start the script with "
+                        "`tmpi wrap` or decorate its entry point with "
+                        "@tmpi_adapters.distributed(...).")
+    return _current
+
+
+def active_session():
+    """The running session or ``None``."""
+    return _current
+
+
+def _comm_world():
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+class Session:
+    """Everything one rank needs during a distributed run.
+
+    Parameters
+    ----------
+    options : tmpi_adapters.options.Options
+    comm : mpi4py communicator, optional
+        ``MPI.COMM_WORLD`` by default.
+    script : str, optional
+        The script being run, for messages and checkpoints.
+
+    Attributes
+    ----------
+    rank, size : int
+    options : tmpi_adapters.options.Options
+    pm : pluggy.PluginManager
+        ``session.pm.hook.<name>(...)`` calls a hook; plugins that keep state
+        for one run may ``session.pm.register`` an object at
+        ``tmpi_session_start`` (and unregister it at ``tmpi_session_end``).
+    exchanger, rule, adapter
+        The run's :class:`~tmpi_adapters.exchangers.base.Exchanger`,
+        :class:`~tmpi_adapters.rules.base.Rule` and framework adapter.
+    models : list of ModelProtocol
+        Every training function's model, in the order they were compiled.
+    recorder : tmpi_adapters.recording.recorder.Recorder
+        Per-step timings.
+    stepping : ModelProtocol or None
+        The model whose training step is running (read by the watchdog).
+    seed : int
+        The seed numpy and ``random`` were given on every rank.
+    """
+
+    def __init__(self, options=None, comm=None, script=None):
+        compat.apply()
+        self.options = (options or Options()).validate()
+        self.pm = get_plugin_manager()
+        self.comm = comm if comm is not None else _comm_world()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.script = script
+        self.models = []
+        self.recorder = Recorder(self)
+        self.started = False
+        self.stepping = None
+        self.functions_compiled = 0
+        #: True when some plugin answers or watches calls (``tmpi_call``):
+        #: then every compiled function is routed through the hook.
+        self.observes_calls = False
+        self._after_exchange = False
+        self._weight = None
+        exchanger_name = self.options.exchanger or self.pm.hook.tmpi_select_exchanger(
+            session=self)
+        exchanger_cls = lookup("exchangers", exchanger_name, self.pm)
+        self.exchanger = exchanger_cls(self.comm, precision=self.options.precision,
+                                       bucket_bytes=self.options.bucket_bytes,
+                                       timeout=self.options.stall_timeout,
+                                       on_stall=self._stalled)
+        rule_cls = lookup("rules", self.options.rule, self.pm)
+        self.rule = rule_cls(self, **self.options.rule_options)
+        framework = self.options.framework or "theano"
+        self.adapter = lookup("frameworks", framework, self.pm)(self)
+
+    # -- lifecycle --------------------------------------------------------------
+    def start(self):
+        """Seed every rank alike, hook the framework, announce the session."""
+        global _current
+        if _current is not None and _current is not self:
+            raise TmpiError("a tmpi session is already running in this process")
+        _current = self
+        self._seed()
+        self.adapter.install()
+        self.started = True
+        self.pm.hook.tmpi_session_start(session=self)
+        # Plugins register their per-run objects in tmpi_session_start.
+        self.observes_calls = len(self.pm.hook.tmpi_call.get_hookimpls()) > 1
+        self._after_exchange = bool(self.pm.hook.tmpi_after_exchange.get_hookimpls())
+        return self
+
+    def finish(self, error=None):
+        """Let rules finish, report the time split, unhook the framework."""
+        global _current
+        try:
+            if error is None:
+                self.pm.hook.tmpi_before_finish(session=self)
+                for model in self.models:
+                    if model.train_fn is not None:
+                        model.train_fn.flush()
+                for model in self.models:
+                    if model.step > 0:
+                        self.rule.finish(model)
+                self.adapter.check_finished()
+                self.report()
+            self.pm.hook.tmpi_session_end(session=self, error=error)
+        finally:
+            self.adapter.uninstall()
+            self.exchanger.close()
+            self.started = False
+            if _current is self:
+                _current = None
+
+    def report(self):
+        summary = self.recorder.summary()
+        if summary and self.options.summary:
+            self.print(self.recorder.format_summary(summary))
+        return summary
+
+    def _seed(self):
+        seed = self.options.seed
+        if seed is None:
+            seed = random.SystemRandom().randrange(2 ** 31) if self.rank == 0 else None
+            seed = self.comm.bcast(seed, root=0) if self.size > 1 else seed
+        self.seed = seed
+        random.seed(seed)
+        np.random.seed(seed % (2 ** 32))
+
+    def _stalled(self, what, waited, frame):
+        """The exchanger's ``on_stall``: the ``tmpi_stall`` hook decides."""
+        return bool(self.pm.hook.tmpi_stall(session=self, what=what, waited=waited,
+                                            frame=frame))
+
+    # -- output -------------------------------------------------------------------
+    def print(self, *args, **kwargs):
+        """``print`` on rank 0 only (to the real stdout)."""
+        if self.rank == 0:
+            kwargs.setdefault("flush", True)
+            print(*args, **kwargs)
+
+    # -- calls ------------------------------------------------------------------------
+    def call(self, function, kind, run, args, kwargs):
+        """Run one call of a function tmpi handed the script, through the
+        ``tmpi_call`` hook when a plugin watches calls."""
+        if not self.observes_calls:
+            return run(*args, **kwargs)
+        return self.pm.hook.tmpi_call(session=self, call=Call(function, kind, run, args,
+                                                              kwargs))
+
+    # -- models ---------------------------------------------------------------------
+    def register_model(self, model):
+        self.models.append(model)
+        return model
+
+    def identical_start(self, variables, signature):
+        """Check that every rank has the same ``variables`` (``signature``:
+        their names, shapes, dtypes, order) and give them rank 0's values.
+
+        Raises :class:`~tmpi_adapters.errors.MismatchError` naming the first
+        difference.
+        """
+        check_signatures(self.exchanger.allgather_object(signature))
+        if variables and self.size > 1:
+            arrays = [np.array(a, copy=True, order="C") for a in read_values(variables)]
+            self.exchanger.broadcast(arrays, root=0)
+            write_values(variables, arrays)
+
+    def synchronize(self, model):
+        """Identical start of a model (its parameters, optimizer and model
+        state), then the rule starts it."""
+        self.identical_start(model.state_variables, model.signature())
+        model.synchronized = True
+        self.rule.start(model)
+        self.pm.hook.tmpi_model_ready(session=self, model=model)
+
+    # -- steps ----------------------------------------------------------------------
+    def begin_step(self, model, weight):
+        """Called just before a training step runs ``weight`` rows on this rank."""
+        self.stepping = model
+        if not model.synchronized:
+            self.synchronize(model)
+        self._weight = weight
+        self.recorder.begin_step()
+
+    def end_step(self, model, samples, outputs=None):
+        """Called after a training step; ``outputs`` are its returned values
+        (combined across ranks), recorded when they are scalars."""
+        model.step += 1
+        start = time.perf_counter()
+        self.rule.end_step(model, samples)
+        self.recorder.add_exchange(time.perf_counter() - start)
+        self.recorder.end_step(samples, outputs=outputs, model=model)
+        self._weight = None
+        self.stepping = None
+        self.pm.hook.tmpi_after_step(session=self, model=model, step=model.step,
+                                     samples=samples)
+
+    def learning_rate_scale(self, model=None):
+        """Weak scaling's linear learning-rate factor for ``model``'s next step:
+        1 unless ``--scaling weak --lr-scaling``, then N, reached linearly over
+        ``--warmup-steps`` steps."""
+        if self.options.scaling != "weak" or not self.options.lr_scaling or self.size == 1:
+            return 1.0
+        warmup = self.options.warmup_steps
+        step = (model.step if model is not None else 0) + 1
+        progress = 1.0 if warmup <= 0 else min(1.0, step / float(warmup))
+        return 1.0 + (self.size - 1) * progress
+
+    def gradient_scale(self, model=None):
+        """:meth:`learning_rate_scale` applied as a gradient multiplier (what
+        linear scaling means for SGD and momentum), unless the model's adapter
+        scales its learning rate itself (``model.scales_learning_rate``), as
+        adaptive optimizers like Adam need."""
+        if model is not None and model.scales_learning_rate:
+            return 1.0
+        return self.learning_rate_scale(model)
+
+    def exchange_gradients(self, grads, key=None):
+        """What the in-graph :class:`~tmpi_adapters.core.ops.FusedAllreduce`
+        of training function ``key`` calls.
+
+        The results may be views of the exchanger's buffers (valid for this
+        step only): the Op hands them straight to Theano's update.
+        """
+        start = time.perf_counter()
+        with self.exchanger.borrowing():
+            results = self.rule.reduce_gradients(grads, self._weight)
+        model = self._current_model(key)
+        scale = self.gradient_scale(model)
+        if scale != 1.0:
+            results = [r * r.dtype.type(scale) for r in results]
+        if self._after_exchange:
+            self.pm.hook.tmpi_after_exchange(session=self, model=model, gradients=grads,
+                                             reduced=results, weight=self._weight)
+        self.recorder.add_exchange(time.perf_counter() - start)
+        return results
+
+    def _current_model(self, key):
+        for model in self.models:
+            if model.name == key:
+                return model
+        return None
+
+    def output_kinds(self, values, rows):
+        """Decide once, identically on every rank, how each returned value combines:
+        ``"mean"`` (weighted by rows) or ``"rows"`` (concatenated in rank order)."""
+        local = [np.ndim(v) >= 1 and np.shape(v)[0] == rows for v in values]
+        votes = self.exchanger.allgather_object(local) if self.size > 1 else [local]
+        return ["rows" if all(v[i] for v in votes) else "mean" for i in range(len(values))]
+
+    def reduce_outputs(self, values, weight, kinds):
+        """Combine a training step's returned values across ranks.
+
+        ``kinds`` comes from :meth:`output_kinds`.  ``"mean"`` values are averaged
+        weighted by rows (summed with ``loss_reduction=sum``), all in one
+        collective; ``"rows"`` values are concatenated in rank order (a rank
+        running padding rows with weight 0 contributes none).
+        """
+        if self.size == 1:
+            return values
+        start = time.perf_counter()
+        try:
+            return self._reduce_outputs(values, weight, kinds)
+        finally:
+            self.recorder.add_exchange(time.perf_counter() - start)
+
+    def _reduce_outputs(self, values, weight, kinds):
+        op = "sum" if self.options.loss_reduction == "sum" else "mean"
+        w = None if op == "sum" else weight
+        result = list(values)
+        means = [i for i, k in enumerate(kinds) if k == "mean"]
+        if means:
+            arrays = [np.asarray(values[i]) for i in means]
+            floats = [np.asarray(a, dtype=np.float64) for a in arrays]
+            reduced = self.exchanger.allreduce(floats, op=op, weight=w)
+            for i, a, r in zip(means, arrays, reduced):
+                result[i] = r.astype(a.dtype)[()] if a.dtype.kind in "fc" else r[()]
+        for i, kind in enumerate(kinds):
+            if kind == "rows":
+                result[i] = self.exchanger.allgather_rows(np.asarray(values[i])[:int(weight)])
+        return result

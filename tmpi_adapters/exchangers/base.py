@@ -1,0 +1,314 @@
+"""The Exchanger: one interface for moving parameter and gradient buffers.
+
+Rules never talk to MPI directly; they call an :class:`Exchanger`.  Every
+method works on contiguous buffers (numpy arrays for the ``mpi`` exchanger,
+device arrays for GPU exchangers) and never pickles array data.  Where a
+method has to copy (packing many arrays into one fused buffer, or making a
+non-contiguous array contiguous) its docstring says so.
+
+Reductions
+----------
+``allreduce(arrays, op="mean", weight=w)`` computes, for every array ``a``,
+``sum_r(w_r * a_r) / sum_r(w_r)`` over ranks ``r`` in **one** collective per
+bucket: the weight travels as one extra element of the fused buffer.  With
+``weight=None`` the mean is ``sum_r(a_r) / size``; ``op="sum"`` is the plain sum.
+
+Transfer precision
+------------------
+``precision`` is ``None``/``"native"`` (each array travels in its own dtype),
+``"fp32"``, ``"fp16"`` or ``"bf16"``.  Reduced precisions halve the bytes on the
+wire; partial sums are always accumulated in float32 and results are returned
+in each array's own dtype.
+
+Borrowed results
+----------------
+Inside ``with exchanger.borrowing():`` an ``allreduce`` without ``out`` may
+return views of the exchanger's own fused buffers (or, on one rank, the input
+arrays themselves) instead of fresh arrays: no copy out.  Such results are
+valid until the next ``allreduce`` of the same array signature and must not be
+modified.  The in-graph gradient exchange uses this; exchangers that ignore it
+stay correct.
+
+Statistics
+----------
+``exchanger.stats`` (an :class:`ExchangeStats`) accumulates the seconds spent
+waiting for other ranks to arrive (``wait_s``) apart from the seconds spent
+moving and reducing data, so the recorder can tell stragglers from bandwidth.
+Exchangers that do not fill it report everything as communication.
+"""
+import abc
+import contextlib
+import sys
+
+import numpy as np
+
+from tmpi_adapters.exchangers.waiting import oversubscribed, wait_for
+
+PRECISIONS = ("native", "fp32", "fp16", "bf16")
+REDUCE_OPS = ("mean", "sum")
+
+#: Pass as ``source`` to :meth:`Exchanger.irecv`/:meth:`Exchanger.probe` to
+#: accept a message from any rank.
+ANY_SOURCE = -1
+#: Pass as ``tag`` to accept any tag.
+ANY_TAG = -1
+
+
+class Request(abc.ABC):
+    """A pending non-blocking operation."""
+
+    @abc.abstractmethod
+    def test(self):
+        """Return True once the operation has completed (never blocks)."""
+
+    @abc.abstractmethod
+    def wait(self, timeout=None):
+        """Block until done (raising :class:`~tmpi_adapters.errors.StallError`
+        after ``timeout`` seconds) and return the operation's result: for a
+        receive, ``(source, tag)``."""
+
+    @abc.abstractmethod
+    def cancel(self):
+        """Cancel a receive that has not matched yet."""
+
+
+class ExchangeStats:
+    """Where an exchanger's time went since the last :meth:`take`.
+
+    Attributes
+    ----------
+    wait_s : float
+        Seconds spent at synchronisation points waiting for the slowest rank.
+    transfer_s : float
+        Seconds spent in collectives after every rank had arrived.
+    wire_bytes : int
+        Bytes this rank handed to collectives (after any precision reduction).
+    collectives : int
+        Number of collective operations started.
+    last_total_weight : float or None
+        The total weight of the most recent weighted mean (the global sample
+        count of a step), or ``None``.
+    """
+
+    __slots__ = ("wait_s", "transfer_s", "wire_bytes", "collectives", "last_total_weight")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.wait_s = 0.0
+        self.transfer_s = 0.0
+        self.wire_bytes = 0
+        self.collectives = 0
+        self.last_total_weight = None
+
+    def take(self):
+        """Return the counters as a dict and start counting from zero."""
+        values = {name: getattr(self, name) for name in self.__slots__}
+        self.reset()
+        return values
+
+
+def check_precision(precision):
+    precision = "native" if precision in (None, "") else str(precision).lower()
+    if precision not in PRECISIONS:
+        from tmpi_adapters.errors import ConfigError
+        raise ConfigError("unknown transfer precision %r; choose one of %s"
+                          % (precision, ", ".join(PRECISIONS)))
+    return precision
+
+
+def check_reduce_op(op):
+    if op not in REDUCE_OPS:
+        from tmpi_adapters.errors import ConfigError
+        raise ConfigError("unknown reduction %r; choose 'mean' or 'sum'" % (op,))
+    return op
+
+
+class Exchanger(abc.ABC):
+    """Moves buffers between the ``size`` ranks of one job.
+
+    Parameters
+    ----------
+    comm : object, optional
+        The communicator; the MPI exchanger takes an ``mpi4py`` communicator
+        (``MPI.COMM_WORLD`` by default).
+    precision : str
+        Default transfer precision of :meth:`allreduce` (see module doc).
+    bucket_bytes : int or None
+        Largest fused buffer one collective carries; ``None`` fuses everything
+        of one dtype into a single collective.
+    timeout : float or None
+        Seconds any wait may last before it is reported (``None``: forever).
+    on_stall : callable, optional
+        ``on_stall(what, waited, frame) -> bool``: called when a wait passes
+        ``timeout``; ``True`` keeps waiting, anything else raises
+        :class:`~tmpi_adapters.errors.StallError`.  The session passes the
+        ``tmpi_stall`` hook here.
+    """
+
+    #: The name users pass to ``--exchanger``.
+    name = None
+    #: Where the buffers it takes live: ``"host"`` or ``"device"``.
+    memory = "host"
+
+    def __init__(self, comm=None, precision=None, bucket_bytes=None, timeout=None,
+                 on_stall=None):
+        self.precision = check_precision(precision)
+        self.bucket_bytes = bucket_bytes
+        self.timeout = timeout
+        self.on_stall = on_stall
+
+    _borrow_depth = 0
+    on_stall = None
+
+    def stalled(self, what, waited, frame=None):
+        """A wait passed ``timeout``: ask :attr:`on_stall`, else raise
+        :class:`~tmpi_adapters.errors.StallError`.
+
+        ``frame`` is the frame of the waiting loop: it stays on the stack
+        exactly as long as the wait lasts, which is how the watchdog learns
+        that the wait is over.
+        """
+        if frame is None:
+            frame = sys._getframe(1)
+        if self.on_stall is not None and self.on_stall(what, waited, frame):
+            return
+        from tmpi_adapters.errors import StallError
+        raise StallError("rank %d waited %.0f s in %s; other ranks never reached it. "
+                         "Every rank must call the training function the same number "
+                         "of times." % (self.rank, waited, what))
+
+    def wait_for(self, test, what, timeout=None, patient=True):
+        """Call ``test()`` until it returns true, reporting a stall after
+        ``timeout`` seconds (the exchanger's by default) through
+        :meth:`stalled`; see :func:`tmpi_adapters.exchangers.waiting.wait_for`."""
+        wait_for(test, what, self.timeout if timeout is None else timeout, self.stalled,
+                 patient=patient, crowded=oversubscribed(self.size))
+
+    @property
+    def stats(self):
+        """This exchanger's :class:`ExchangeStats`."""
+        stats = self.__dict__.get("_stats")
+        if stats is None:
+            stats = self.__dict__["_stats"] = ExchangeStats()
+        return stats
+
+    @contextlib.contextmanager
+    def borrowing(self):
+        """Let ``allreduce`` calls without ``out`` return borrowed results
+        (see the module doc): views of internal buffers, valid until the next
+        allreduce of the same signature, never to be modified."""
+        self._borrow_depth += 1
+        try:
+            yield self
+        finally:
+            self._borrow_depth -= 1
+
+    @property
+    def borrow(self):
+        """True inside :meth:`borrowing`."""
+        return self._borrow_depth > 0
+
+    rank = 0
+    size = 1
+
+    @classmethod
+    def unavailable_reason(cls, size=None):
+        """Why this exchanger cannot run on this machine (``None`` when it can),
+        for a job of ``size`` ranks when given.
+
+        GPU exchangers answer e.g. "CuPy is not installed" or "no CUDA GPU is
+        visible"; tests skip with this text and ``--exchanger`` errors show it.
+        """
+        return None
+
+    # -- collectives -----------------------------------------------------
+    @abc.abstractmethod
+    def allreduce(self, arrays, op="mean", weight=None, precision=None, out=None):
+        """Reduce many arrays across ranks in as few collectives as possible.
+
+        Parameters
+        ----------
+        arrays : sequence of arrays
+            Any shapes and float dtypes; the same list (shapes, dtypes, order)
+            on every rank.  They are packed into fused buffers (one copy in,
+            one copy out).
+        op : {"mean", "sum"}
+        weight : float, optional
+            This rank's weight in a weighted mean, usually its sample count.
+            A rank with weight 0 contributes nothing.
+        precision : str, optional
+            Overrides the exchanger's default transfer precision.
+        out : sequence of arrays, optional
+            Where to write results (may be ``arrays`` itself for in-place).
+
+        Returns
+        -------
+        list of arrays
+            The reduced arrays, each in its input's dtype and shape.
+        """
+
+    @abc.abstractmethod
+    def broadcast(self, arrays, root=0):
+        """Overwrite ``arrays`` on every rank with the root's values, in place.
+
+        Arrays must be writable and contiguous; the list is packed into one
+        fused buffer per dtype (one copy each way).  Returns ``arrays``.
+        """
+
+    @abc.abstractmethod
+    def allgather_rows(self, array):
+        """Concatenate every rank's ``array`` along axis 0 (rank order).
+
+        Row counts may differ between ranks; the other dimensions and the dtype
+        must agree.  Returns a new array.
+        """
+
+    @abc.abstractmethod
+    def allgather_object(self, obj):
+        """Gather a small picklable object (metadata, never arrays) from every rank."""
+
+    @abc.abstractmethod
+    def barrier(self, timeout=None):
+        """Wait until every rank has reached this point."""
+
+    # -- point to point --------------------------------------------------
+    def send(self, array, dest, tag=0):
+        """Blocking send of one contiguous array (copied first if not contiguous)."""
+        self.isend(array, dest, tag).wait()
+
+    def recv(self, out, source=ANY_SOURCE, tag=ANY_TAG, timeout=None):
+        """Blocking receive into ``out``; returns ``(source, tag)``."""
+        return self.irecv(out, source, tag).wait(timeout)
+
+    @abc.abstractmethod
+    def isend(self, array, dest, tag=0):
+        """Non-blocking send; keep ``array`` unchanged until the returned
+        :class:`Request` completes."""
+
+    @abc.abstractmethod
+    def irecv(self, out, source=ANY_SOURCE, tag=ANY_TAG):
+        """Non-blocking receive into ``out``; returns a :class:`Request` whose
+        ``wait()`` gives ``(source, tag)``."""
+
+    @abc.abstractmethod
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG):
+        """``(source, tag)`` of a message ready to be received, or ``None``."""
+
+    # -- conveniences ----------------------------------------------------
+    def allreduce_scalars(self, values, op="mean", weight=None):
+        """Reduce a few Python floats (metrics) as one float64 collective."""
+        arr = np.asarray(values, dtype=np.float64).reshape(-1)
+        return [float(v) for v in self.allreduce([arr], op=op, weight=weight)[0]]
+
+    def close(self):
+        """Release communicators and buffers."""
+
+
+def pack_plan(arrays):
+    """Group array indices by dtype, keeping order: ``[(dtype, [i, ...]), ...]``."""
+    groups = {}
+    for i, a in enumerate(arrays):
+        groups.setdefault(np.dtype(a.dtype), []).append(i)
+    return list(groups.items())

@@ -1,0 +1,119 @@
+"""The one wait loop: poll a condition without hogging a core, with a deadline.
+
+Everything in tmpi that waits for other ranks waits here: the exchangers'
+collectives and point-to-point requests, an asynchronous rule's end of
+training, the end-of-script meeting of the ranks.  So every wait can time
+out and say what it waited for.
+
+A *patient* wait (a synchronisation point, where a slow rank may keep us
+for long) first polls flat out for :data:`SPIN_SECONDS` (a collective whose
+ranks have all arrived completes in microseconds, and giving the core away
+costs a scheduler time slice), then yields the core between polls, then
+backs off to short sleeps.  An *impatient* wait follows a synchronisation
+point, so every rank is there: it polls without pause, because MPI moves a
+transfer only while it is polled.  With more ranks than cores every wait
+yields: the rank being waited for needs the core.
+"""
+import math
+import os
+import sys
+import time
+
+#: Seconds a patient wait polls without yielding the core.
+SPIN_SECONDS = 50e-6
+#: Polls between two looks at the clock for the deadline.
+_SPIN_CHECK = 256
+_YIELD_CHECK = 64
+#: Yields before a wait starts sleeping between polls.
+_YIELDS = 2000
+
+
+def oversubscribed(size):
+    """True when ``size`` ranks of this job outnumber the cores here."""
+    return size > (os.cpu_count() or 1)
+
+
+def check_timeout(seconds, what="--stall-timeout", allow_none=True):
+    """``seconds`` as a positive finite float (``None`` passes when allowed);
+    :class:`~tmpi_adapters.errors.ConfigError` otherwise."""
+    from tmpi_adapters.errors import ConfigError
+    if seconds is None and allow_none:
+        return None
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError("%s must be a positive, finite number of seconds, not %r"
+                          % (what, seconds))
+    return value
+
+
+class Deadline:
+    """When a wait has lasted too long, and what to do then.
+
+    ``on_timeout(what, waited, frame)`` is called once the wait passes
+    ``timeout`` seconds (never with ``timeout=None``); if it returns, the
+    wait goes on without a deadline.  ``frame`` is the waiting loop's frame:
+    it stays on the stack exactly as long as the wait lasts, which is how a
+    watchdog learns that the wait is over.
+    """
+
+    __slots__ = ("what", "on_timeout", "frame", "start", "at")
+
+    def __init__(self, what, timeout, on_timeout, frame):
+        self.what, self.on_timeout, self.frame = what, on_timeout, frame
+        self.start = time.perf_counter()
+        self.at = None if timeout is None else self.start + timeout
+
+    def check(self):
+        if self.at is not None and time.perf_counter() > self.at:
+            self.at = None
+            what = self.what() if callable(self.what) else self.what
+            self.on_timeout(what, time.perf_counter() - self.start, self.frame)
+
+
+def wait_for(test, what, timeout, on_timeout, patient=True, crowded=False):
+    """Call ``test()`` until it returns true.
+
+    Parameters
+    ----------
+    test : callable
+        ``test() -> bool``; for MPI requests, their ``Test``.
+    what : str or callable
+        Names what is awaited in a stall report (a callable is asked only
+        then, so it can name the ranks still missing).
+    timeout : float or None
+        Seconds before ``on_timeout`` is called; ``None``: never.
+    on_timeout : callable
+        ``on_timeout(what, waited, frame)``; raise to end the wait, return to
+        keep waiting (see :class:`Deadline`).
+    patient : bool
+        A synchronisation point (spin briefly, then yield and sleep) or a
+        transfer every rank has reached (poll flat out).
+    crowded : bool
+        More ranks than cores: always yield between polls.
+    """
+    if test():
+        return
+    deadline = Deadline(what, timeout, on_timeout, sys._getframe())
+    if not crowded:
+        until = deadline.start + SPIN_SECONDS if patient else float("inf")
+        polls = 0
+        while time.perf_counter() < until:
+            if test():
+                return
+            polls += 1
+            if polls % _SPIN_CHECK == 0:
+                deadline.check()
+    spins = 0
+    while not test():
+        spins += 1
+        if spins < _YIELDS:
+            os.sched_yield()
+        else:
+            # Past a few ms nobody is waiting on latency; let co-located
+            # ranks (oversubscribed runs) have the core.
+            time.sleep(min(1e-3, 1e-5 * (spins - _YIELDS + 1)))
+        if spins % _YIELD_CHECK == 0:
+            deadline.check()

@@ -1,0 +1,303 @@
+"""Compatibility shims that let the 2017-era Theano stack run on Python 3.11.
+
+Every shim lives here and restores one thing, saying why.  They are applied
+in one of two ways, never by importing ``tmpi_adapters``:
+
+:func:`apply`
+    everything at once, where a run starts (``tmpi wrap``'s ranks,
+    ``tmpi run``, the decorator, the Blocks extension).
+:func:`install`
+    nothing yet: each shim waits for the import of the library it is for
+    (Theano, Keras, Lasagne, Blocks, Fuel, h5py) and is applied just before
+    or after it.  The start-up hook that ``make install`` writes into the
+    virtual environment (``tmpi_adapters_shims.pth``) calls it, so plain
+    ``python train.py``, ``pytest`` and ``mpiexec python`` in that
+    environment run the script as they would on the Python it was written for.
+
+This module imports nothing but the standard library: the start-up hook
+runs in every interpreter of the environment.
+"""
+import collections
+import collections.abc
+import importlib.abc
+import importlib.util
+import os
+import sys
+import types
+
+__all__ = ["apply", "install", "theano_flags", "when_imported", "before_import"]
+
+_applied = False
+
+#: Theano flags tmpi adds unless the user already set them.
+DEFAULT_THEANO_FLAGS = {
+    # Theano 1.0.5 reads numpy.distutils' BLAS info when this is unset, which
+    # numpy 1.23 no longer provides; the NumPy C-API fallback is within ~10% of
+    # OpenBLAS on the models we run.
+    "blas.ldflags": "",
+}
+
+
+def theano_flags(env=None, **extra):
+    """Return ``THEANO_FLAGS`` with tmpi's defaults added under the user's own.
+
+    Parameters
+    ----------
+    env : mapping, optional
+        Environment to read the current ``THEANO_FLAGS`` from (``os.environ``).
+    **extra
+        More ``flag=value`` defaults (dots spelt as ``__``); the user's flags
+        still win.
+    """
+    env = os.environ if env is None else env
+    current = env.get("THEANO_FLAGS", "")
+    present = {item.split("=", 1)[0].strip() for item in current.split(",") if "=" in item}
+    defaults = dict(DEFAULT_THEANO_FLAGS)
+    defaults.update({k.replace("__", "."): str(v) for k, v in extra.items()})
+    added = ["%s=%s" % (k, v) for k, v in defaults.items() if k not in present]
+    return ",".join([f for f in [current.strip(",")] + added if f])
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs callbacks just before a watched module is imported
+    (:attr:`before`) or right after it finished importing (:attr:`callbacks`),
+    and serves modules that exist only as aliases (:attr:`aliases`)."""
+
+    def __init__(self):
+        self.callbacks = {}
+        self.before = {}
+        self.aliases = {}
+        self._busy = set()
+
+    def find_spec(self, name, path=None, target=None):
+        for callback in self.before.pop(name, []):
+            callback()
+        if name in self.aliases:
+            return importlib.util.spec_from_loader(name, _AliasLoader(self.aliases.pop(name)))
+        if name not in self.callbacks or name in self._busy:
+            return None
+        self._busy.add(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._busy.discard(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+        callbacks = self.callbacks
+
+        def exec_then_patch(module):
+            exec_module(module)
+            for callback in callbacks.pop(name, []):
+                callback(module)
+
+        loader.exec_module = exec_then_patch
+        return spec
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Loads a module that ``make()`` builds."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def create_module(self, spec):
+        return self.make()
+
+    def exec_module(self, module):
+        pass
+
+
+_finder = _PostImportFinder()
+
+
+def _watch():
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def before_import(name, callback):
+    """Call ``callback()`` just before module ``name`` is first imported (now,
+    if it already is)."""
+    if name in sys.modules:
+        callback()
+        return
+    _finder.before.setdefault(name, []).append(callback)
+    _watch()
+
+
+def when_imported(name, callback):
+    """Call ``callback(module)`` once module ``name`` is imported (now, if it is)."""
+    if name in sys.modules and sys.modules[name] is not None:
+        callback(sys.modules[name])
+        return
+    _finder.callbacks.setdefault(name, []).append(callback)
+    _watch()
+
+
+# ---------------------------------------------------------------- the shims
+
+def _restore_collections_aliases():
+    # Keras 2.3.1, Blocks and Fuel use collections.Iterable & co., moved to
+    # collections.abc and removed from collections in Python 3.10.
+    for name in ("Iterable", "Mapping", "MutableMapping", "Sequence", "Callable",
+                 "Hashable", "Sized", "Container", "MutableSet", "Set",
+                 "Iterator", "Generator", "MutableSequence"):
+        if not hasattr(collections, name):
+            setattr(collections, name, getattr(collections.abc, name))
+
+
+def _restore_getargspec():
+    # Blocks and picklable-itertools call inspect.getargspec, removed in 3.11.
+    import inspect
+    if hasattr(inspect, "getargspec"):
+        return
+    ArgSpec = collections.namedtuple("ArgSpec", "args varargs keywords defaults")
+
+    def getargspec(func):
+        spec = inspect.getfullargspec(func)
+        return ArgSpec(spec.args, spec.varargs, spec.varkw, spec.defaults)
+
+    inspect.getargspec = getargspec
+
+
+def _disable_scan_cython():
+    # Theano's shipped scan_perform.c needs longintrepr.h, gone in 3.11; a
+    # failing import sends Scan to its working pure-Python path.
+    sys.modules.setdefault("theano.scan_module.scan_perform_ext", None)
+
+
+def _set_theano_flags():
+    os.environ["THEANO_FLAGS"] = theano_flags()
+    # With blas.ldflags empty Theano warns once per process; tmpi chose that.
+    import logging
+    logging.getLogger("theano.tensor.blas").setLevel(logging.ERROR)
+
+
+_DOWNSAMPLE = "theano.tensor.signal.downsample"
+
+
+def _alias_lasagne_downsample():
+    # Lasagne 0.1 imports theano.tensor.signal.downsample, removed in Theano
+    # 1.0; pool_2d still accepts its ds/st/padding keywords.
+    if _DOWNSAMPLE not in sys.modules:
+        sys.modules[_DOWNSAMPLE] = _downsample_module()
+
+
+def _downsample_module():
+    module = types.ModuleType(_DOWNSAMPLE,
+                              "tmpi alias of theano.tensor.signal.pool for Lasagne 0.1")
+
+    def max_pool_2d(input, ds=None, ignore_border=None, st=None, padding=(0, 0), mode="max"):
+        from theano.tensor.signal.pool import pool_2d
+        return pool_2d(input, ws=ds, ignore_border=ignore_border, stride=st, pad=padding,
+                       mode=mode)
+
+    module.max_pool_2d = max_pool_2d
+    return module
+
+
+class _DecodableStr(str):
+    """A ``str`` that also answers ``.decode()``, as h5py 2 attributes did."""
+
+    def decode(self, encoding="utf-8", errors="strict"):
+        return str(self)
+
+
+def _patch_h5py_attrs(h5py):
+    # Keras 2.3.1 calls .decode on HDF5 attributes that h5py 3 already returns
+    # as str, so load_model/load_weights fail; hand back str that decodes.
+    manager = h5py.AttributeManager
+    if getattr(manager.__getitem__, "_tmpi_shim", False):
+        return
+    original = manager.__getitem__
+
+    def __getitem__(self, name):
+        value = original(self, name)
+        if isinstance(value, str):
+            return _DecodableStr(value)
+        if getattr(value, "dtype", None) is not None and value.dtype.kind == "O":
+            import numpy
+            return numpy.array([_DecodableStr(v) if isinstance(v, str) else v
+                                for v in value.ravel()], dtype=object).reshape(value.shape)
+        return value
+
+    __getitem__._tmpi_shim = True
+    manager.__getitem__ = __getitem__
+
+
+def _keras_backend():
+    # Keras 2.3.1 is the last Keras with a Theano backend; it must not look for
+    # TensorFlow.
+    os.environ.setdefault("KERAS_BACKEND", "theano")
+
+
+def _for_old_libraries():
+    _restore_collections_aliases()
+    _restore_getargspec()
+
+
+def _for_theano():
+    _disable_scan_cython()
+    _set_theano_flags()
+
+
+def apply():
+    """Apply every shim now (where a run starts); safe to call again."""
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    _for_old_libraries()
+    _for_theano()
+    _alias_lasagne_downsample()
+    _keras_backend()
+    when_imported("h5py", _patch_h5py_attrs)
+
+
+#: Libraries that need the collections aliases or ``getargspec`` to import.
+OLD_LIBRARIES = ("keras", "blocks", "fuel", "picklable_itertools", "lasagne")
+
+
+def install():
+    """Apply each shim only when the library it is for is imported.
+
+    Called by the virtual environment's start-up hook; costs nothing in an
+    interpreter that never imports Theano or its frameworks.
+    """
+    if _applied:
+        return
+    before_import("theano", _for_theano)
+    for name in OLD_LIBRARIES:
+        before_import(name, _for_old_libraries)
+    before_import("keras", _keras_backend)
+    _finder.aliases.setdefault(_DOWNSAMPLE, _downsample_module)
+    when_imported("h5py", _patch_h5py_attrs)
+
+
+#: The start-up hook's file name and its one line: site runs ``.pth`` lines
+#: that start with ``import``; a tmpi that was uninstalled is passed over.
+STARTUP_HOOK = "tmpi_adapters_shims.pth"
+STARTUP_LINE = ("import sys; exec('try:\\n import tmpi_adapters.launch.compat as c\\n "
+                "c.install()\\nexcept ImportError:\\n pass')\n")
+
+
+def install_startup_hook(site_packages=None):
+    """Write :data:`STARTUP_HOOK` into ``site_packages`` (this interpreter's
+    by default), so every interpreter of the environment calls :func:`install`;
+    returns its path."""
+    if site_packages is None:
+        import sysconfig
+        site_packages = sysconfig.get_paths()["purelib"]
+    path = os.path.join(site_packages, STARTUP_HOOK)
+    with open(path, "w") as handle:
+        handle.write(STARTUP_LINE)
+    return path
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--install-startup-hook"]:
+        print("wrote %s" % install_startup_hook())
+    else:
+        sys.exit("usage: python -m tmpi_adapters.launch.compat --install-startup-hook")

@@ -1,0 +1,92 @@
+"""``@tmpi_adapters.distributed(...)``: distribute a script's entry point in two lines."""
+import functools
+import sys
+
+from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.options import Options
+
+
+def distributed(framework=None, rule="bsp", rule_options=None, **options):
+    """Run the decorated function as a distributed training session.
+
+    Under ``mpiexec -n N python script.py`` each rank runs the function with its
+    training functions distributed; under plain ``python script.py`` it runs on
+    one process; under ``tmpi wrap`` the wrap's session is used (options given
+    on its command line win over the decorator's).
+
+    Parameters
+    ----------
+    framework : str, optional
+        ``"theano"``, ``"keras"``, ``"lasagne"``, ``"blocks"``, ...; detected
+        from the script's imports when omitted.
+    rule : str
+        Synchronisation rule (``"bsp"``, or an installed plugin's rule).
+    rule_options : dict, optional
+        Knobs of the rule, e.g. ``{"tau": 4}``.
+    **options
+        Any field of :class:`tmpi_adapters.options.Options` (``seed``,
+        ``scaling``, ``precision``, ``stall_timeout``, ...); other names go to
+        ``options.extra`` for plugins.
+
+    Examples
+    --------
+    >>> import tmpi_adapters as tmpi
+    >>> @tmpi.distributed(framework="lasagne", rule="bsp")
+    ... def main(num_epochs=500):
+    ...     ...
+    """
+    def decorate(main):
+        @functools.wraps(main)
+        def run(*args, **kwargs):
+            from tmpi_adapters.core.session import active_session
+            if active_session() is not None:
+                active_session().adapter.rebind(main.__globals__)
+                return main(*args, **kwargs)
+            return _run_distributed(main, args, kwargs, framework, rule, rule_options,
+                                    options)
+        run.tmpi_distributed = True
+        return run
+    return decorate
+
+
+def _options(main, framework, rule, rule_options, options):
+    from dataclasses import fields
+    known = {f.name for f in fields(Options)}
+    base = Options.from_env()
+    chosen = {k: v for k, v in options.items() if k in known}
+    extra = dict(base.extra)
+    extra.update({k: v for k, v in options.items() if k not in known})
+    result = base.replace(rule=rule, rule_options=dict(rule_options or {}), extra=extra,
+                          **chosen)
+    result.framework = framework or base.framework
+    if not result.framework:
+        from tmpi_adapters.launch.runtime import detect_framework
+        script = getattr(sys.modules.get(main.__module__), "__file__", None)
+        result.framework = (detect_framework(script) if script else None) or "theano"
+    return result
+
+
+def _run_distributed(main, args, kwargs, framework, rule, rule_options, options):
+    from tmpi_adapters.launch import compat, runtime
+    compat.apply()
+    opts = _options(main, framework, rule, rule_options, options)
+    rank, size = runtime.mpi_rank_size()
+    runtime.route_output(opts, rank, size)
+    from tmpi_adapters.core.session import Session
+    session = None
+    try:
+        session = Session(opts, script=getattr(sys.modules.get(main.__module__), "__file__",
+                                               None)).start()
+        session.adapter.rebind(main.__globals__)
+        result = main(*args, **kwargs)
+        session.finish()
+        return result
+    except BaseException as error:  # noqa: B902 - every failure must end the job
+        if size == 1 and not isinstance(error, TmpiError):
+            # One process: the script's own exception, as plain python raises it.
+            runtime.finish_after_failure(session, error)
+            raise
+        runtime.end_after_failure(session, error, rank, size)
+
+
+__all__ = ["distributed"]

@@ -1,0 +1,490 @@
+"""Starting the ranks: ``mpiexec`` (the MPICH wheel's by default), or in-process
+when already inside an MPI job or asked for one rank.
+
+The launching process also watches the job it started (:class:`JobWatch`):
+it turns the launcher's termination banner into one sentence naming the rank
+that died, ends the job when a rank vanishes without a word, and makes sure no
+rank outlives it.
+"""
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.options import OPTIONS_ENV
+from tmpi_adapters.launch.runtime import JOB_DIR_ENV, rank_file
+
+#: Environment variables set by MPI launchers in each rank they start.
+RANK_ENV = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
+
+#: Per-rank thread counts: one BLAS/OpenMP thread per rank unless the user
+#: says otherwise, so N ranks on N cores do not fight.
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+#: The launching ``tmpi`` process, so ranks on its machine can end the job if
+#: it disappears (see :mod:`tmpi_adapters.reliability.watchdog`).
+LAUNCHER_PID_ENV = "TMPI_LAUNCHER_PID"
+LAUNCHER_HOST_ENV = "TMPI_LAUNCHER_HOST"
+
+#: Seconds a rank may be gone without a word before the launcher ends the job
+#: itself (hydra usually does so at once).
+VANISHED_GRACE = 2.0
+
+# Launcher chatter that repeats what tmpi reports itself.
+_NOISE = re.compile(rb"^Abort\((\d+)\) on node \d+ \(rank (\d+) in comm \d+\): "
+                    rb"application called MPI_Abort")
+_BANNER_RULE = re.compile(rb"^={20,}\s*$")
+_BANNER_PID = re.compile(rb"PID (\d+) RUNNING AT (\S+)")
+_BANNER_CODE = re.compile(rb"EXIT CODE: (-?\d+)")
+_BANNER_TRAILER = (b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING",
+                   b"This typically refers to a problem with your application",
+                   b"Please see the FAQ page for debugging suggestions")
+_EXIT_STRING = re.compile(rb"EXIT STRING: (.*?)\s*$")
+
+
+def inside_mpi_job(env=None):
+    env = os.environ if env is None else env
+    return any(name in env for name in RANK_ENV)
+
+
+def find_mpiexec(explicit=None):
+    """``--mpiexec``, ``$TMPI_MPIEXEC``, the one beside this Python, then ``$PATH``."""
+    candidates = [explicit, os.environ.get("TMPI_MPIEXEC"),
+                  os.path.join(os.path.dirname(sys.executable), "mpiexec"),
+                  shutil.which("mpiexec")]
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+        if candidate and explicit == candidate:
+            found = shutil.which(candidate)
+            if found:
+                return found
+            raise TmpiError("--mpiexec %r is not an executable file. Pass the path of an "
+                            "MPI launcher (mpiexec, mpirun) or leave --mpiexec out to use "
+                            "the one installed with tmpi." % candidate)
+    raise TmpiError("no mpiexec found: install tmpi-adapters with its dependencies "
+                    "(the mpich wheel provides one), load your cluster's MPI module, or "
+                    "pass --mpiexec PATH.")
+
+
+def check_script(script):
+    """Fail before launching when ``script`` cannot be run as a Python script."""
+    if os.path.isdir(script):
+        raise TmpiError("script %r is a directory; pass the training script (a .py file) "
+                        "inside it." % script)
+    if not os.path.isfile(script):
+        raise TmpiError("script %r not found (working directory %s)." % (script, os.getcwd()))
+    try:
+        with open(script, "rb") as handle:
+            source = handle.read()
+    except OSError as exc:
+        raise TmpiError("script %r is not readable: %s." % (script, exc.strerror or exc))
+    try:
+        compile(source, script, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        where = " at line %s" % exc.lineno if getattr(exc, "lineno", None) else ""
+        detail = getattr(exc, "msg", None) or str(exc)
+        raise TmpiError("script %r is not valid Python%s: %s. Check that it is the "
+                        "training script and that it runs with `python %s`."
+                        % (script, where, detail, script))
+
+
+def rank_environment(options, threads_per_rank=1, env=None):
+    env = dict(os.environ if env is None else env)
+    env[OPTIONS_ENV] = options.to_env()
+    for name in THREAD_ENV:
+        env.setdefault(name, str(threads_per_rank))
+    # Ranks print as they go, not when their buffers fill.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _die_with(parent):
+    """``preexec_fn``: the kernel kills ``mpiexec`` when ``parent`` dies, however
+    it dies (``kill -9`` included); ``mpiexec``'s proxies then end the ranks."""
+    def arrange():
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+        except (OSError, AttributeError):
+            return  # not Linux: the ranks' own watchdog still notices
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+    return arrange
+
+
+# ------------------------------------------------------------- the rank files
+
+class RankInfo:
+    """What the launcher knows of one rank from its files in the job directory."""
+
+    def __init__(self, rank, pid, host):
+        self.rank, self.pid, self.host = rank, pid, host
+
+
+def read_ranks(directory):
+    """``{rank: RankInfo}`` of every rank that has written its ``pid`` file."""
+    ranks = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return ranks
+    for name in names:
+        match = re.match(r"rank(\d+)\.pid$", name)
+        if not match:
+            continue
+        try:
+            with open(os.path.join(directory, name)) as handle:
+                fields = handle.read().split()
+            ranks[int(match.group(1))] = RankInfo(int(match.group(1)), int(fields[0]),
+                                                  fields[1] if len(fields) > 1 else None)
+        except (OSError, ValueError, IndexError):
+            continue  # being written
+    return ranks
+
+
+def has_mark(directory, rank, kind):
+    return os.path.exists(rank_file(directory, rank, kind))
+
+
+def process_alive(pid):
+    """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not os.path.exists("/proc")  # /proc exists but had no entry: gone
+
+
+def belongs_to_job(pid, directory):
+    """True when process ``pid`` is a rank of the job using ``directory`` (not a
+    stranger that reused a dead rank's pid)."""
+    marker = ("%s=%s" % (JOB_DIR_ENV, directory)).encode()
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as handle:
+            return marker in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def stderr_tail(directory, rank, lines=6):
+    """The last lines a non-zero rank wrote to its stderr, or ``""``."""
+    try:
+        with open(rank_file(directory, rank, "stderr"), "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 8192))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join("    " + line for line in kept)
+
+
+def describe_signal(number):
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return "signal %d" % number
+    reasons = {
+        "SIGKILL": ": killed from outside (`kill -9`, a batch scheduler) or by the "
+                   "kernel's out-of-memory killer (see `dmesg`)",
+        "SIGSEGV": ": a crash inside compiled code (Theano's C code, BLAS, MPI)",
+        "SIGBUS": ": a crash inside compiled code, or a full /dev/shm",
+        "SIGABRT": ": a compiled library called abort()",
+        "SIGTERM": ": asked to terminate from outside",
+    }
+    return "signal %d (%s)%s" % (number, name, reasons.get(name, ""))
+
+
+# ------------------------------------------------------------------ the watch
+
+class JobWatch:
+    """Watches one ``mpiexec`` job from the process that launched it.
+
+    Parameters
+    ----------
+    process : subprocess.Popen
+        The ``mpiexec`` process, started with piped stdout and stderr.
+    directory : str
+        The job directory (``$TMPI_JOB_DIR``) the ranks write their files to.
+    n : int
+        The number of ranks.
+    """
+
+    def __init__(self, process, directory, n, poll=0.25):
+        self.process = process
+        self.directory = directory
+        self.n = n
+        self.poll = poll
+        self.host = socket.gethostname()
+        self.terminations = []   # (pid, host, exit code, exit string) from the banner
+        self.aborts = []         # (rank, code) of MPI_Abort calls tmpi did not make
+        self.vanished = None     # (RankInfo, seconds) of a rank gone without a word
+        self._gone_since = {}
+        self.reports_seen = set()  # "tmpi: ..." lines the ranks' stderr carried
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._pump_stdout, daemon=True),
+            threading.Thread(target=self._pump_stderr, daemon=True),
+            threading.Thread(target=self._watch, daemon=True),
+        ]
+
+    def start(self):
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def wait(self):
+        """Wait for the job; return its exit status after the final report."""
+        try:
+            code = self.process.wait()
+        except KeyboardInterrupt:
+            self.process.terminate()
+            code = self.process.wait()
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self.kill_leftovers()
+        return self.final_status(code)
+
+    # -- output ---------------------------------------------------------------
+    def _pump_stdout(self):
+        sink = sys.stdout.buffer
+        held = []      # blank lines and a rule line, until the next line tells
+        banner = None  # the lines of a termination banner being read
+        for line in iter(self.process.stdout.readline, b""):
+            if banner is not None:
+                banner.append(line)
+                if _BANNER_RULE.match(line):
+                    self._end_banner(banner, sink)
+                    banner = None
+                continue
+            if held and _BANNER_RULE.match(held[-1]):
+                if b"BAD TERMINATION" in line:
+                    banner, held = held + [line], []
+                    continue
+                self._write(sink, held)
+                held = []
+            if _BANNER_RULE.match(line) or not line.strip():
+                held.append(line)
+                continue
+            if self.terminations and line.startswith(_BANNER_TRAILER):
+                match = _EXIT_STRING.search(line)
+                if match:
+                    pid, host, code, _ = self.terminations[-1]
+                    self.terminations[-1] = (pid, host, code,
+                                             match.group(1).decode("utf-8", "replace"))
+                continue
+            self._write(sink, held + [line])
+            held = []
+        self._write(sink, held + (banner or []))
+        self.process.stdout.close()
+
+    def _end_banner(self, lines, sink):
+        text = b"".join(lines)
+        pid, code = _BANNER_PID.search(text), _BANNER_CODE.search(text)
+        if b"BAD TERMINATION" not in text or pid is None:
+            self._write(sink, lines)
+            return
+        self.terminations.append((int(pid.group(1)), pid.group(2).decode(),
+                                  int(code.group(1)) if code else None, ""))
+
+    def _pump_stderr(self):
+        sink = sys.stderr.buffer
+        for line in iter(self.process.stderr.readline, b""):
+            noise = _NOISE.match(line)
+            if noise:
+                self.aborts.append((int(noise.group(2)), int(noise.group(1))))
+                continue
+            if line.startswith(b"tmpi: "):
+                self.reports_seen.add(line.strip())
+            self._write(sink, [line])
+        self.process.stderr.close()
+
+    @staticmethod
+    def _write(sink, lines):
+        if lines:
+            sink.write(b"".join(lines))
+            sink.flush()
+
+    # -- watching the ranks ---------------------------------------------------------
+    def _watch(self):
+        """End the job when a rank on this machine is gone without a word.
+
+        A rank that fails reports and aborts the job, and ``mpiexec`` ends a
+        job whose rank dies of a signal; a rank that simply vanishes (exit
+        without finalizing MPI, a launcher that waits) is caught here.
+        """
+        while not self._stop.wait(self.poll):
+            if self.process.poll() is not None:
+                return
+            now = time.monotonic()
+            for info in read_ranks(self.directory).values():
+                if info.host not in (None, self.host) or self._finished(info.rank):
+                    continue
+                if process_alive(info.pid):
+                    self._gone_since.pop(info.rank, None)
+                    continue
+                since = self._gone_since.setdefault(info.rank, now)
+                if now - since >= VANISHED_GRACE and self.vanished is None:
+                    self.vanished = (info, now - since)
+                    self.stop_job()
+                    return
+
+    def _finished(self, rank):
+        return has_mark(self.directory, rank, "done") or has_mark(self.directory, rank,
+                                                                  "failed")
+
+    def stop_job(self, grace=5.0):
+        """Terminate ``mpiexec`` (it ends its ranks), then kill what is left."""
+        try:
+            self.process.terminate()
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        except OSError:
+            pass
+        self.kill_leftovers()
+
+    def kill_leftovers(self):
+        """SIGKILL ranks of this job that outlived ``mpiexec`` on this machine."""
+        killed = []
+        for info in read_ranks(self.directory).values():
+            if info.host in (None, self.host) and process_alive(info.pid) and \
+                    belongs_to_job(info.pid, self.directory):
+                try:
+                    os.kill(info.pid, signal.SIGKILL)
+                    killed.append(info.rank)
+                except OSError:
+                    pass
+        return killed
+
+    # -- the final word -------------------------------------------------------------
+    def final_status(self, code):
+        """Report what ended the job, once, naming the rank; return the exit status."""
+        ranks = read_ranks(self.directory)
+        by_pid = {info.pid: info for info in ranks.values()}
+        failed = [r for r in ranks if has_mark(self.directory, r, "failed")]
+        messages = []
+        # Terminations tmpi caused itself while stopping a job say nothing new.
+        terminations = [] if self.vanished is not None else self.terminations
+        for pid, host, exit_code, exit_string in terminations:
+            messages.append(self._describe_termination(by_pid.get(pid), pid, host,
+                                                       exit_code, exit_string))
+        if self.vanished is not None:
+            info, _ = self.vanished
+            messages.append("tmpi: rank %d (pid %d) is gone without reporting an error "
+                            "(it exited without finalizing MPI, e.g. os._exit); the job "
+                            "was stopped.%s" % (info.rank, info.pid,
+                                                self._tail(info.rank)))
+            code = code or 1
+        lost = self._lost_report(failed)
+        if lost:
+            messages.append(lost)
+        for rank, abort_code in self.aborts:
+            if rank not in failed:
+                messages.append("tmpi: rank %d called MPI_Abort(%d); the job was ended."
+                                % (rank, abort_code))
+        if not messages and not ranks and code != 0:
+            messages.append("tmpi: %s ended with status %d before any rank started; see "
+                            "its output above. Check --mpiexec and --mpiexec-arg, or run "
+                            "the script with -n 1 to see it start."
+                            % (os.path.basename(self.process.args[0]), code))
+        if not messages and code == 0 and not failed:
+            unfinished = sorted(r for r in ranks if not has_mark(self.directory, r, "done")
+                                and ranks[r].host in (None, self.host))
+            if unfinished:
+                messages.append("tmpi: the job ended with status 0, but rank(s) %s did not "
+                                "finish the script: one of them exited without finalizing "
+                                "MPI (e.g. os._exit) and mpiexec stopped the others."
+                                % ", ".join(map(str, unfinished)))
+                code = 1
+        if messages:
+            sys.stdout.flush()
+            sys.stderr.write("\n".join(messages) + "\n")
+            sys.stderr.flush()
+        return code
+
+    def _lost_report(self, failed):
+        """The failure report of the first failed rank, if its stderr never got here."""
+        for rank in sorted(failed):
+            try:
+                with open(rank_file(self.directory, rank, "failed"), "rb") as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            lines = [line.strip() for line in text.splitlines() if line.startswith(b"tmpi: ")]
+            if not lines:
+                continue
+            if lines[-1] in self.reports_seen:
+                return None
+            return text.decode("utf-8", "replace").rstrip("\n")
+        return None
+
+    def _describe_termination(self, info, pid, host, exit_code, exit_string):
+        who = "rank %d (pid %d on %s)" % (info.rank, pid, host) if info else \
+              "a process of the job (pid %d on %s)" % (pid, host)
+        number = re.search(r"signal (\d+)", exit_string or "")
+        if number:
+            how = "was killed by %s" % describe_signal(int(number.group(1)))
+        else:
+            how = "exited with status %s without finishing" % exit_code
+        tail = self._tail(info.rank) if info else ""
+        return "tmpi: %s %s. The other ranks were stopped.%s" % (who, how, tail)
+
+    def _tail(self, rank):
+        tail = stderr_tail(self.directory, rank)
+        return ("\n  last lines of rank %d's stderr:\n%s" % (rank, tail)) if tail else ""
+
+
+def launch(script, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
+           threads_per_rank=1):
+    """Run ``script`` on ``n`` ranks; return the job's exit status.
+
+    Inside an existing MPI job (``mpiexec -n 4 tmpi wrap ...``, ``srun tmpi
+    wrap ...``) or with ``n == 1`` the current process becomes the rank.
+    """
+    check_script(script)
+    if n < 1:
+        raise TmpiError("-n must be at least 1, not %d." % n)
+    env = rank_environment(options, threads_per_rank)
+    if inside_mpi_job() or (n == 1 and not mpiexec_args):
+        os.environ.update({k: v for k, v in env.items() if k not in os.environ or
+                           k == OPTIONS_ENV})
+        from tmpi_adapters.launch.runtime import main
+        try:
+            main([script] + list(script_args))
+        except SystemExit as exit_:
+            return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        return 0
+    command = [find_mpiexec(mpiexec), "-n", str(n)] + list(mpiexec_args) + [
+        sys.executable, "-m", "tmpi_adapters.launch.runtime", script] + list(script_args)
+    with tempfile.TemporaryDirectory(prefix="tmpi-job-") as directory:
+        env[JOB_DIR_ENV] = directory
+        env[LAUNCHER_PID_ENV] = str(os.getpid())
+        env[LAUNCHER_HOST_ENV] = socket.gethostname()
+        try:
+            process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE,
+                                       preexec_fn=_die_with(os.getpid()))
+        except OSError as exc:
+            raise TmpiError("could not start %s: %s. Check --mpiexec, or install the "
+                            "mpich wheel (pip install mpich)." % (command[0], exc))
+        return JobWatch(process, directory, n).start().wait()

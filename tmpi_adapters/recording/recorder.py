@@ -1,0 +1,201 @@
+"""Per-step timing: where each training step's time went, like Theano-MPI's recorder.
+
+Every step is split into
+
+``compute``  the compiled function's own work (forward, backward, update);
+``comm``     exchanging gradients, parameters and returned values: packing,
+             converting and moving bytes once every rank has arrived (the
+             part spent inside MPI is also recorded as ``transfer``);
+``wait``     waiting at the step's synchronisation point for the slowest rank
+             (a straggler, or an uneven split of the work);
+``data``     time between steps spent in the user's loop (loading and
+             preparing the batch, logging).
+
+Every rank keeps its own records; rank 0 prints a summary averaged over ranks
+at the end.  ``tmpi wrap --record run.jsonl`` writes one JSON object per line
+on rank 0 (a ``run`` header, one ``step`` per training step with the
+training function's scalar outputs, and a closing ``summary``) that
+``tmpi plot run.jsonl`` draws; ``--progress`` shows a progress bar on rank 0.
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+#: Keys of a step record's times, in the order they are reported.
+PHASES = ("compute", "comm", "wait", "data")
+
+
+class Recorder:
+    """Collects step timings on every rank; rank 0 reports them.
+
+    Attributes
+    ----------
+    steps : list of tuple
+        ``(compute_s, comm_s, wait_s, data_s, samples)`` per step, where
+        ``samples`` counts the rows of every rank.
+    last : dict or None
+        The latest step's record (what ``--record`` writes).
+    last_summary : dict or None
+        What :meth:`summary` returned last.
+    """
+
+    def __init__(self, session):
+        self.session = session
+        self.steps = []
+        self.last = None
+        self.last_summary = None
+        self.started = time.perf_counter()
+        self._step_start = None
+        self._last_end = None
+        self._exchange = 0.0
+        self._data = 0.0
+
+    # -- called by the session ------------------------------------------------
+    def begin_step(self):
+        now = time.perf_counter()
+        self._data = (now - self._last_end) if self._last_end is not None else 0.0
+        self._step_start = now
+        self._exchange = 0.0
+        self.session.exchanger.stats.take()  # forget what happened between steps
+
+    def add_exchange(self, seconds):
+        """Count ``seconds`` of this step as exchange (comm + wait)."""
+        self._exchange += seconds
+
+    def end_step(self, samples, outputs=None, model=None):
+        """Close the step that ran ``samples`` rows on this rank.
+
+        ``outputs`` are the training function's returned values (already
+        combined across ranks); scalars among them are recorded.
+        """
+        now = time.perf_counter()
+        total = now - self._step_start if self._step_start is not None else 0.0
+        stats = self.session.exchanger.stats.take()
+        wait = min(stats["wait_s"], self._exchange)
+        comm = self._exchange - wait
+        compute = max(total - self._exchange, 0.0)
+        # The weighted gradient mean summed every rank's rows; without it
+        # (sum reduction, parameter rules) assume every rank ran as many.
+        total_weight = stats["last_total_weight"]
+        global_samples = total_weight if total_weight else samples * self.session.size
+        self.steps.append((compute, comm, wait, self._data, global_samples))
+        busy = compute + comm + wait + self._data
+        self.last = {
+            "type": "step",
+            "model": getattr(model, "name", None),
+            "step": len(self.steps),
+            "time_s": round(now - self.started, 6),
+            "compute_s": compute, "comm_s": comm, "wait_s": wait, "data_s": self._data,
+            "samples": int(round(global_samples)),
+            "samples_per_s": global_samples / busy if busy > 0 else None,
+            "transfer_s": min(stats["transfer_s"], comm),
+            "wire_bytes": stats["wire_bytes"],
+            "outputs": scalar_outputs(outputs, model.output_names if model is not None else None),
+        }
+        self._last_end = now
+        self._step_start = None
+        return self.last
+
+    # -- reporting --------------------------------------------------------------
+    def summary(self):
+        """Medians per step (seconds), totals and throughput, averaged over ranks.
+
+        Collective: every rank must call it.
+        """
+        if not self.steps:
+            return None
+        data = np.asarray(self.steps, dtype=np.float64)
+        medians = np.median(data[:, :4], axis=0)
+        busy = data[:, :4].sum()
+        ex = self.session.exchanger
+        avg, = ex.allreduce([np.append(medians, busy)], op="mean")
+        # Every rank counted each step's rows on all ranks: its own total is the job's.
+        samples = data[:, 4].sum()
+        self.last_summary = {
+            "type": "summary",
+            "steps": len(self.steps),
+            "ranks": self.session.size,
+            "compute_s": float(avg[0]),
+            "comm_s": float(avg[1]),
+            "wait_s": float(avg[2]),
+            "data_s": float(avg[3]),
+            "exchange_s": float(avg[1] + avg[2]),
+            "samples": int(round(samples)),
+            "samples_per_s": float(samples / avg[4]) if avg[4] > 0 else float("nan"),
+        }
+        return self.last_summary
+
+    def format_summary(self, summary):
+        step = sum(summary[p + "_s"] for p in PHASES)
+        parts = " + ".join(
+            "%s %.2f ms (%.0f%%)" % (p, summary[p + "_s"] * 1e3,
+                                     100.0 * summary[p + "_s"] / step if step > 0 else 0.0)
+            for p in PHASES)
+        return ("tmpi: %d steps on %d rank(s), %.0f samples/s; median step %.2f ms = %s"
+                % (summary["steps"], summary["ranks"], summary["samples_per_s"], step * 1e3,
+                   parts))
+
+
+def scalar_outputs(values, names=None):
+    """``{name: float}`` for the scalar values a training function returned."""
+    if values is None:
+        return {}
+    if not isinstance(values, (list, tuple)):
+        values = [values]
+    names = list(names or [])
+    names += [None] * (len(values) - len(names))
+    result = {}
+    for i, value in enumerate(values):
+        if np.ndim(value) != 0:
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        # Theano names every T.mean "mean": a name counts only when unique.
+        name = names[i] if names[i] and names.count(names[i]) == 1 else "output%d" % i
+        result[name] = number if np.isfinite(number) else None
+    return result
+
+
+# -- the recorder plugin: --record and --progress -------------------------------------
+
+class RunLog:
+    """JSON lines on rank 0, flushed about once a second (and at the end)."""
+
+    def __init__(self, path, header):
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        self.path = path
+        self._handle = open(path, "w", encoding="utf-8")
+        self._flushed = time.monotonic()
+        self.write(header)
+
+    def write(self, record):
+        self._handle.write(json.dumps(_finite(record), allow_nan=False, default=_jsonable)
+                           + "\n")
+        if time.monotonic() - self._flushed > 1.0:
+            self._handle.flush()
+            self._flushed = time.monotonic()
+
+    def close(self):
+        self._handle.close()
+
+
+def _finite(value):
+    """The record with NaN/inf replaced by null (strict JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
+def _jsonable(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError("not JSON serialisable: %r" % (value,))

@@ -37,3 +37,10 @@ class CheckpointError(TmpiError):
     """A checkpoint is missing, corrupt, or belongs to another model or run."""
 
     exit_code = 6
+
+
+class LockstepError(TmpiError):
+    """Ranks under a lockstep rule issued different collectives (another
+    function, call, batch size or phase): their exchange cannot be trusted."""
+
+    exit_code = 7

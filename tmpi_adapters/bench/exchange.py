@@ -245,7 +245,7 @@ def main(argv=None):
     parser.add_argument("--no-torch", action="store_true", help="skip the torch peer")
     args = parser.parse_args(argv)
     from mpi4py import MPI
-    from tmpi_adapters.exchangers import kernels
+    from tmpi_adapters.exchangers import codecs
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     shapes = alexnet_shapes(args.width)
@@ -260,7 +260,7 @@ def main(argv=None):
         "parameters": int(sum(np.prod(s) for s in shapes)),
         "bytes": cases.nbytes,
         "repetitions": args.repetitions,
-        "conversion_kernels": kernels.backend(),
+        "conversion_kernels": codecs.backend(),
         "algorithm": cases.exchanger.algorithm,
         "torch": (cases.torch.version if cases.torch is not None
                   else {"skipped": cases.torch_skipped}),

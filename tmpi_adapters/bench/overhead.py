@@ -42,10 +42,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from tmpi_adapters.bench.convnet import build, generated_images
     from tmpi_adapters.options import Options
-    from tmpi_adapters.core.session import make_session
+    from tmpi_adapters.core.session import Session
     x, y = generated_images(max(4 * args.batch_size, 512))
     plain = build()
-    session = make_session(Options(framework="theano", seed=0, summary=False))
+    session = Session(Options(framework="theano", seed=0, summary=False)).start()
     try:
         wrapped = build()
         samples = alternate(plain, wrapped, x, y, args.batch_size, args.steps, args.warmup)

@@ -78,13 +78,13 @@ def main(argv=None):
     from tmpi_adapters.bench.convnet import build, generated_images
     from tmpi_adapters.options import Options
     from tmpi_adapters.launch.runtime import import_theano_in_rank_order, mpi_rank_size
-    from tmpi_adapters.core.session import make_session
+    from tmpi_adapters.core.session import Session
     options = Options(framework="theano", seed=0, summary=False)
     rank, size = mpi_rank_size()
     import_theano_in_rank_order(options, rank, size)
     x, y = generated_images(max(4 * args.batch_size * size, 512))
     plain = build()  # before the session: plain Theano
-    session = make_session(options)
+    session = Session(options).start()
     try:
         wrapped = build()
         samples = paired_steps(session, plain, wrapped, x, y, args.batch_size, args.steps,

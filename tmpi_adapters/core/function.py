@@ -140,12 +140,12 @@ class DistributedFunction:
         if rows is None or session.size == 1:
             if self.sliced:
                 self._local_call(args, kwargs, rows, bounds, 0, rows)
-            return self._step(args, kwargs, weight=rows or 1, rows=rows)
+            return self._step(args, kwargs, weight=rows or 1, rows=rows, batch=rows)
         if self.calls == 1:
             check_ranks_vs_rows(rows, session.size, self.model.name)
         lo, hi, weight = local_rows(rows, session.rank, session.size)
         local_args, local_kwargs = self._local_call(args, kwargs, rows, bounds, lo, hi)
-        return self._step(local_args, local_kwargs, weight=weight, rows=hi - lo)
+        return self._step(local_args, local_kwargs, weight=weight, rows=hi - lo, batch=rows)
 
     def step_local(self, *args, **kwargs):
         """One step on this rank's whole batch, whatever the scaling mode.
@@ -160,10 +160,13 @@ class DistributedFunction:
             self._local_call(args, kwargs, rows, bounds, 0, rows)
         return self._step(args, kwargs, weight=rows or 1, rows=rows)
 
-    def _step(self, args, kwargs, weight, rows):
+    def _step(self, args, kwargs, weight, rows, batch=None):
+        """One step on this rank's ``rows`` rows (``weight``: what they count
+        for); ``batch`` is the global batch's rows when every rank was handed
+        the same batch (the envelope checks that they agree)."""
         session = self.session
         self.last_weight = weight
-        session.begin_step(self.model, weight)
+        session.begin_step(self.model, weight, call=self.calls, rows=batch)
         outputs = self.fn(*args, **kwargs)
         values = [outputs] if self.single_output else list(outputs or [])
         if values and session.size > 1:

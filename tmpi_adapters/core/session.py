@@ -15,6 +15,7 @@ import numpy as np
 from tmpi_adapters.core.function import Call
 from tmpi_adapters.core.protocol import check_signatures, read_values, write_values
 from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.launch import compat
 from tmpi_adapters.options import Options
 from tmpi_adapters.pluginmanager import get_plugin_manager, lookup
@@ -86,6 +87,8 @@ class Session:
         self.recorder = Recorder(self)
         self.started = False
         self.stepping = None
+        #: True once the script has returned (read by the watchdog)
+        self.finishing = False
         self.functions_compiled = 0
         #: True when some plugin answers or watches calls (``tmpi_call``):
         #: then every compiled function is routed through the hook.
@@ -125,10 +128,11 @@ class Session:
         global _current
         try:
             if error is None:
-                self.pm.hook.tmpi_before_finish(session=self)
                 for model in self.models:
                     if model.train_fn is not None:
                         model.train_fn.flush()
+                self.finish_together()
+                self.pm.hook.tmpi_before_finish(session=self)
                 for model in self.models:
                     if model.step > 0:
                         self.rule.finish(model)
@@ -141,6 +145,34 @@ class Session:
             self.started = False
             if _current is self:
                 _current = None
+
+    def finish_together(self):
+        """Under a lockstep rule, every rank reaches the end of the script
+        before the end-of-run exchanges.
+
+        The meeting is a collective with the envelope "the end of the
+        script": a rank that ran out of batches early meets the others'
+        next training step and the job ends at once, naming who was where.
+        (Parameter rules, asynchronous ones above all, drain their messages
+        in ``finish``: a meeting before it could starve them.)
+        """
+        self.finishing = True
+        if self.size > 1 and self.rule.exchanges == "gradients":
+            done = ", ".join("%d call(s) of %s" % (model.step, model.name)
+                             for model in self.models if model.step)
+            self.meet(Envelope("end", "finished the script" + (
+                " after " + done if done else "")))
+
+    def meet(self, envelope, timeout=None):
+        """Every rank reaches this point doing the same thing (``envelope``),
+        within ``timeout`` seconds (the stall timeout by default)."""
+        if self.size > 1:
+            saved = self.exchanger.lockstep_envelope
+            self.exchanger.set_envelope(envelope)
+            try:
+                self.exchanger.barrier(timeout=timeout)
+            finally:
+                self.exchanger.set_envelope(saved)
 
     def report(self):
         summary = self.recorder.summary()
@@ -199,17 +231,24 @@ class Session:
     def synchronize(self, model):
         """Identical start of a model (its parameters, optimizer and model
         state), then the rule starts it."""
+        self.exchanger.set_envelope(Envelope("start", model.name))
         self.identical_start(model.state_variables, model.signature())
         model.synchronized = True
         self.rule.start(model)
         self.pm.hook.tmpi_model_ready(session=self, model=model)
 
     # -- steps ----------------------------------------------------------------------
-    def begin_step(self, model, weight):
-        """Called just before a training step runs ``weight`` rows on this rank."""
+    def begin_step(self, model, weight, call=None, rows=None):
+        """Called just before a training step runs ``weight`` rows on this rank.
+
+        ``call`` (the training function's call count) and ``rows`` (the
+        global batch's rows, when every rank shares one batch) form the
+        envelope of the step's collectives.
+        """
         self.stepping = model
         if not model.synchronized:
             self.synchronize(model)
+        self.exchanger.set_envelope(Envelope("step", model.name, call=call, rows=rows))
         self._weight = weight
         self.recorder.begin_step()
 
@@ -221,6 +260,7 @@ class Session:
         self.rule.end_step(model, samples)
         self.recorder.add_exchange(time.perf_counter() - start)
         self.recorder.end_step(samples, outputs=outputs, model=model)
+        self.exchanger.set_envelope(None)
         self._weight = None
         self.stepping = None
         self.pm.hook.tmpi_after_step(session=self, model=model, step=model.step,

@@ -186,6 +186,16 @@ class Exchanger(abc.ABC):
         wait_for(test, what, self.timeout if timeout is None else timeout, self.stalled,
                  patient=patient, crowded=oversubscribed(self.size))
 
+    #: What :meth:`set_envelope` was last told (``None``: nothing).
+    lockstep_envelope = None
+
+    def set_envelope(self, envelope):
+        """Say what this rank is doing (an
+        :class:`~tmpi_adapters.exchangers.envelope.Envelope`, or ``None``) for
+        the collectives that follow: exchangers that check lockstep carry it
+        in each collective's message; others only keep it."""
+        self.lockstep_envelope = envelope
+
     @property
     def stats(self):
         """This exchanger's :class:`ExchangeStats`."""

@@ -2,18 +2,19 @@
 
 How one ``allreduce`` travels
 -----------------------------
-1. **Agree on the scale.**  A weighted mean first sums the weights (one float64
-   value).  That tiny collective is also the synchronisation point of the
-   step: the time it takes is time spent waiting for the slowest rank, kept
-   apart in ``stats.wait_s``.  Large unweighted reductions start with a
-   barrier for the same reason.  A small weighted mean that fits one MPI
-   ``Allreduce`` instead carries the weight as one more element of its
-   buffer and divides afterwards: one collective instead of two.
-2. **Pack.**  The arrays of one dtype are copied into one flat buffer and
-   multiplied by ``weight / total`` (or ``1 / size``) in the same pass.  With
-   fp16/bf16 transfer that pass also converts (:mod:`.codecs`).  With
-   ``bucket_bytes`` the buffer is reduced in buckets of at most that size, one
-   after the other.
+1. **Scale.**  Every array is multiplied, as it is packed, by what it counts
+   for: a weighted mean's ``weight / total``, a plain mean's ``1 / size``, a
+   sum's 1.  When the caller knows the total weight (strong scaling: the
+   global batch's rows) nothing else is needed.  When it does not, the
+   weight travels as one more element of the buffer and the mean's arrays
+   are divided by the summed weights afterwards; only fp16/bf16 transfer,
+   whose codes could not hold the unscaled values, first sums the weights
+   in a small collective of its own.
+2. **Pack.**  The arrays of one dtype are copied into one flat buffer in that
+   same pass (fp16/bf16 transfer converts there too, :mod:`.codecs`), after a
+   small *header*: the envelope's slots (:mod:`.envelope`) and, when it
+   travels, the weight.  With ``bucket_bytes`` the buffer is reduced in
+   buckets of at most that size, one after the other.
 3. **Reduce.**  Small buckets use MPI's ``Allreduce``.  Large ones are reduced
    as reduce-scatter then allgather: every rank receives the other ranks'
    copies of its 1/N share, sums them into its share of the buffer, and
@@ -21,23 +22,31 @@ How one ``allreduce`` travels
    That moves 2(N-1)/N of the bytes per rank, the ring-allreduce minimum, and
    sums fp16/bf16 codes in float32 with one rounding at the end, with no
    user-defined MPI operation.  Every rank ends with bit-identical results.
-4. **Unpack.**  Results are copied into ``out`` or fresh arrays, or, inside
-   :meth:`~tmpi_adapters.exchangers.base.Exchanger.borrowing`, handed back as views
-   of the buffer without a copy.
+4. **Check.**  The header's slots hold every rank's envelope token: a rank
+   that was doing something else ends the job with a
+   :class:`~tmpi_adapters.errors.LockstepError`.
+5. **Unpack.**  Results are copied into ``out`` or fresh arrays, or, inside
+   :meth:`~tmpi_adapters.exchangers.base.Exchanger.borrowing`, handed back as
+   views of the buffer without a copy.
 
-``TMPI_ALLREDUCE_ALGORITHM`` (``auto``, ``allreduce`` or ``rsag``) overrides
-the choice in step 3; ``auto`` switches at :data:`RSAG_MIN_BYTES`.
+Broadcasts, gathers and barriers carry the envelope the same way, so every
+collective this exchanger issues is checked.  ``TMPI_ALLREDUCE_ALGORITHM``
+(``auto``, ``allreduce`` or ``rsag``) overrides the choice in step 3;
+``auto`` switches at :data:`RSAG_MIN_BYTES`.
 """
 import os
+import pickle
 import time
 
 import numpy as np
 
 from tmpi_adapters.errors import ConfigError
-from tmpi_adapters.exchangers.base import (ANY_SOURCE, ANY_TAG, Exchanger, Request, check_precision,
-                         check_reduce_op, pack_plan)
-from tmpi_adapters.pluginmanager import hookimpl
 from tmpi_adapters.exchangers import codecs
+from tmpi_adapters.exchangers.base import (ANY_SOURCE, ANY_TAG, Exchanger, check_precision,
+                                           check_reduce_op)
+from tmpi_adapters.exchangers.lockstep import Lockstep
+from tmpi_adapters.exchangers.plans import MPIRequest, Plan, split_counts
+from tmpi_adapters.pluginmanager import hookimpl
 
 ALGORITHMS = ("auto", "allreduce", "rsag")
 ALGORITHM_ENV = "TMPI_ALLREDUCE_ALGORITHM"
@@ -48,90 +57,16 @@ RSAG_MIN_BYTES = 512 * 1024
 _MAX_PLANS = 32
 
 
-def split_counts(n, size):
-    """Counts and offsets of ``size`` balanced contiguous shares of ``n`` elements."""
-    bounds = [n * r // size for r in range(size + 1)]
-    return [bounds[r + 1] - bounds[r] for r in range(size)], bounds[:-1]
-
-
-class MPIRequest(Request):
-    def __init__(self, exchanger, request, what, keep=None):
-        self._exchanger = exchanger
-        self._request = request
-        self._what = what
-        self._keep = keep  # buffers that must outlive the request
-        from mpi4py import MPI
-        self._status = MPI.Status()
-        self._done = False
-
-    def test(self):
-        if not self._done:
-            self._done = self._request.Test(self._status)
-        return self._done
-
-    def wait(self, timeout=None):
-        if timeout is None:
-            timeout = self._exchanger.timeout
-        self._exchanger.wait_for(self.test, self._what, timeout)
-        return self._status.Get_source(), self._status.Get_tag()
-
-    def cancel(self):
-        if not self._done:
-            self._request.Cancel()
-            self._request.Wait()
-            self._done = True
-
-
-class _Group:
-    """The arrays of one dtype, packed back to back into one flat buffer.
-
-    ``wire`` is what MPI moves (the arrays' dtype, float32, or uint16 codes
-    of fp16/bf16); ``result`` holds the reduced values in the arrays' dtype
-    and is ``wire`` itself when no conversion is needed.
-    """
-
-    def __init__(self, dtype, members, precision):
-        self.dtype = dtype
-        self.fmt = None
-        wire_dtype = dtype
-        if dtype.kind == "f":
-            if precision in ("fp16", "bf16"):
-                self.fmt, wire_dtype = precision, np.dtype(np.uint16)
-            elif precision == "fp32":
-                wire_dtype = np.dtype(np.float32)
-        self.members = []           # (array index, offset, size, shape)
-        offset = 0
-        for index, shape, size in members:
-            self.members.append((index, offset, size, shape))
-            offset += size
-        self.n = offset
-        # One spare element: a small weighted mean carries the weight in it.
-        self.wire = np.empty(self.n + 1, dtype=wire_dtype)[:self.n]
-        self.result = self.wire if wire_dtype == dtype else np.empty(self.n, dtype=dtype)
-
-    def views(self):
-        """``(array index, result view shaped like the array)`` per member."""
-        return [(i, self.result[o:o + n].reshape(shape)) for i, o, n, shape in self.members]
-
-
-class _Plan:
-    """Buffers for one array signature (shapes, dtypes, precision)."""
-
-    def __init__(self, arrays, precision):
-        self.groups = [_Group(dtype, [(i, arrays[i].shape, arrays[i].size) for i in idx],
-                              precision)
-                       for dtype, idx in pack_plan(arrays)]
-
-
 class MPIExchanger(Exchanger):
-    """Host buffers over ``mpi4py``: fused, weighted, optionally reduced precision.
+    """Host buffers over ``mpi4py``: fused, weighted, optionally reduced
+    precision, every collective checked by its envelope.
 
     Buffers are kept per array signature, so a training step allocates
     nothing after the first.
 
     Parameters
     ----------
-    comm, precision, bucket_bytes, timeout
+    comm, precision, bucket_bytes, timeout, on_stall
         See :class:`~tmpi_adapters.exchangers.base.Exchanger`.
     algorithm : {"auto", "allreduce", "rsag"}, optional
         How buckets are reduced (module doc, step 3); default from
@@ -157,6 +92,15 @@ class MPIExchanger(Exchanger):
         self._buffers = {}
         self._plans = {}
         self._private = None
+        self.lockstep = Lockstep(self)
+        if self.size > 1:
+            # Made now, when every rank is known to be here: a communicator
+            # made later, by a collective of its own, could pair with another.
+            self.lockstep.open()
+            self._p2p_comm()
+
+    def set_envelope(self, envelope):
+        self.lockstep_envelope = self.lockstep.envelope = envelope
 
     # -- waiting -----------------------------------------------------------
     def _wait(self, request, what, timeout=None):
@@ -165,16 +109,14 @@ class MPIExchanger(Exchanger):
     def _sync(self, request, what):
         """Wait at a synchronisation point; the time counts as waiting."""
         start = time.perf_counter()
-        self.stats.collectives += 1
         self.wait_for(request.Test, what)
         self.stats.wait_s += time.perf_counter() - start
 
     def _transfer(self, start, what, nbytes):
-        """Start requests with ``start()`` and wait for all of them, once every
-        rank has arrived; the time, the start included, counts as transfer."""
+        """Start requests with ``start()`` and wait for all of them; the time,
+        the start included, counts as transfer."""
         begin = time.perf_counter()
         requests = start()
-        self.stats.collectives += 1
         self.stats.wire_bytes += nbytes
         test = requests[0].Test if len(requests) == 1 else (
             lambda: self.MPI.Request.Testall(requests))
@@ -190,75 +132,64 @@ class MPIExchanger(Exchanger):
             self._buffers[key] = buf
         return buf[:n]
 
-    def _plan(self, arrays, precision):
-        key = (precision,) + tuple((a.shape, a.dtype.str) for a in arrays)
+    def _plan(self, arrays, precision, header):
+        key = (precision, header) + tuple((a.shape, a.dtype.str) for a in arrays)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.pop(next(iter(self._plans)))
-            plan = self._plans[key] = _Plan(arrays, precision)
+            plan = self._plans[key] = Plan(arrays, precision, header)
         return plan
 
-    def _scale(self, op, weight, nbytes):
-        """The factor every rank applies before summing (module doc, step 1)."""
-        MPI = self.MPI
-        if weight is not None:
-            total = np.array([float(weight)])
-            self._sync(self.comm.Iallreduce(MPI.IN_PLACE, total, op=MPI.SUM), "allreduce")
-            total = float(total[0])
-            if not total > 0:
-                raise ConfigError("weighted mean with a total weight of %r across ranks"
-                                  % total)
-            self.stats.last_total_weight = total
-            return float(weight) / total
-        if nbytes >= RSAG_MIN_BYTES:
-            self._sync(self.comm.Ibarrier(), "allreduce")
-        return 1.0 / self.size if op == "mean" else 1.0
+    def _weight_sum(self, weight):
+        """The total weight over ranks, in a collective of its own."""
+        total = np.array([float(weight)])
+        self._sync(self.comm.Iallreduce(self.MPI.IN_PLACE, total, op=self.MPI.SUM), "allreduce")
+        return _checked_total(float(total[0]))
 
     # -- collectives -------------------------------------------------------
-    def allreduce(self, arrays, op="mean", weight=None, precision=None, out=None):
+    def allreduce(self, arrays, op="mean", weight=None, precision=None, out=None, ops=None,
+                  total=None):
+        """See :meth:`Exchanger.allreduce`.  Also:
+
+        ops : sequence of {"mean", "sum"}, optional
+            Each array's own reduction (``op`` for all by default): a step's
+            gradients (weighted means) and its metric accumulators (sums)
+            travel in one message.
+        total : float, optional
+            The sum of every rank's ``weight``, when the caller knows it
+            (the global batch's rows): no weight travels and nothing is
+            divided afterwards.
+        """
         check_reduce_op(op)
         precision = self.precision if precision is None else check_precision(precision)
-        if weight is not None and op == "sum":
-            raise ConfigError("a weight only makes sense with op='mean'")
         arrays = [np.asarray(a) for a in arrays]
+        ops = [op] * len(arrays) if ops is None else [check_reduce_op(o) for o in ops]
+        if weight is not None and "mean" not in ops:
+            raise ConfigError("a weight only makes sense with op='mean'")
         if self.size == 1:
             if weight is not None:
                 self.stats.last_total_weight = float(weight)
             return self._single_rank(arrays, out)
-        plan = self._plan(arrays, precision)
-        if weight is not None and self._weight_travels_along(plan):
-            self._reduce_with_weight(plan.groups[0], arrays, float(weight))
-        else:
-            factor = self._scale(op, weight, sum(g.wire.nbytes for g in plan.groups))
+        with self.lockstep.collective("allreduce") as envelope:
+            travels = weight is not None and total is None and precision not in ("fp16", "bf16")
+            if weight is None:
+                mean = 1.0 / self.size
+            elif total is not None:
+                mean = float(weight) / _checked_total(float(total))
+                self.stats.last_total_weight = float(total)
+            elif travels:
+                mean = float(weight)
+            else:
+                total = self._weight_sum(weight)
+                mean = float(weight) / total
+                self.stats.last_total_weight = total
+            plan = self._plan(arrays, precision, self.size + int(travels))
+            factors = [mean if o == "mean" else 1.0 for o in ops]
             for group in plan.groups:
-                self._reduce_group(group, arrays, factor)
-        return self._unpack(plan, out)
-
-    def _weight_travels_along(self, plan):
-        """One small bucket through MPI's Allreduce: send the weight in it
-        (one collective, not two; its waiting then counts as transfer)."""
-        if len(plan.groups) != 1:
-            return False
-        group = plan.groups[0]
-        nbytes = group.wire.nbytes
-        return (group.fmt is None and group.wire.dtype.kind == "f"
-                and not (self.bucket_bytes and nbytes > self.bucket_bytes)
-                and not self._use_rsag(group, group.n))
-
-    def _reduce_with_weight(self, group, arrays, weight):
-        MPI = self.MPI
-        self._pack(group, arrays, weight, 0, group.n)
-        buf = group.wire.base[:group.n + 1]  # the wire and its spare element
-        buf[-1] = weight
-        self._transfer(lambda: [self.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)],
-                       "allreduce", buf.nbytes)
-        total = float(buf[-1])
-        if not total > 0:
-            raise ConfigError("weighted mean with a total weight of %r across ranks" % total)
-        self.stats.last_total_weight = total
-        np.multiply(group.wire, 1.0 / total, out=group.wire, casting="unsafe")
-        self._finish(group, 0, group.n)
+                self._reduce_group(group, arrays, factors, envelope,
+                                   weight if travels else None, ops)
+            return self._unpack(plan, out)
 
     def _single_rank(self, arrays, out):
         # Nothing travels: the mean of one rank is its own value.
@@ -269,22 +200,32 @@ class MPIExchanger(Exchanger):
                 np.copyto(o, a, casting="unsafe")
         return list(out)
 
-    def _reduce_group(self, group, arrays, factor):
+    def _reduce_group(self, group, arrays, factors, envelope, weight, ops):
         step = group.n
         if self.bucket_bytes:
-            step = max(1, int(self.bucket_bytes) // group.wire.itemsize)
+            step = max(group.header + 1, int(self.bucket_bytes) // group.wire.itemsize)
+        total = None
         for lo in range(0, group.n, step):
             hi = min(group.n, lo + step)
-            self._pack(group, arrays, factor, lo, hi)
+            self._pack(group, arrays, factors, lo, hi)
+            if lo == 0 and group.header:
+                self.lockstep.write_slots(group, envelope, weight)
             self._reduce_bucket(group, lo, hi)
+            if lo == 0 and group.header:
+                total = self.lockstep.check_slots(group, envelope, weight)
+                if total is not None:
+                    self.stats.last_total_weight = _checked_total(total)
+            if total is not None:
+                self._divide_means(group, ops, 1.0 / total, lo, hi)
             self._finish(group, lo, hi)
 
-    def _pack(self, group, arrays, factor, lo, hi):
+    def _pack(self, group, arrays, factors, lo, hi):
         """Copy (and scale, and encode) the arrays' elements ``[lo, hi)`` into the wire."""
         for index, offset, size, _ in group.members:
             a, b = max(lo, offset), min(hi, offset + size)
             if a >= b:
                 continue
+            factor = factors[index]
             flat = arrays[index].reshape(-1)  # a copy only for non-contiguous arrays
             src, dst = flat[a - offset:b - offset], group.wire[a:b]
             if factor == 0:
@@ -295,6 +236,14 @@ class MPIExchanger(Exchanger):
                 np.copyto(dst, src, casting="unsafe")
             else:
                 np.multiply(src, factor, out=dst, casting="unsafe")
+
+    @staticmethod
+    def _divide_means(group, ops, scale, lo, hi):
+        """After a travelling weight: the mean's arrays divided by the total."""
+        for index, offset, size, _ in group.members:
+            a, b = max(lo, offset), min(hi, offset + size)
+            if a < b and ops[index] == "mean":
+                np.multiply(group.wire[a:b], scale, out=group.wire[a:b], casting="unsafe")
 
     def _use_rsag(self, group, count):
         if group.fmt is not None or self.algorithm == "rsag":
@@ -348,7 +297,7 @@ class MPIExchanger(Exchanger):
         they never meet a rule's sends and receives (``ANY_TAG`` included)."""
         if self._private is None:
             private, request = self.comm.Idup()
-            self._sync(request, "allreduce")
+            self.wait_for(request.Test, "starting the exchanger")
             self._private = private
         return self._private
 
@@ -380,22 +329,18 @@ class MPIExchanger(Exchanger):
         return results
 
     def broadcast(self, arrays, root=0):
+        """Overwrite ``arrays`` with the root's values: a sum to which only the
+        root contributes, so that every rank checks the envelope."""
         if self.size == 1:
             return arrays
-        for gi, (dtype, idx) in enumerate(pack_plan(arrays)):
-            n = sum(arrays[i].size for i in idx)
-            buf = self._buffer(("bc", dtype.str, gi), n, dtype)
-            if self.rank == root:
-                pos = 0
-                for i in idx:
-                    buf[pos:pos + arrays[i].size] = arrays[i].reshape(-1)
-                    pos += arrays[i].size
-            self._wait(self.comm.Ibcast(buf, root=root), "broadcast")
-            pos = 0
-            for i in idx:
-                a = arrays[i]
-                a[...] = buf[pos:pos + a.size].reshape(a.shape)
-                pos += a.size
+        with self.lockstep.collective("broadcast") as envelope:
+            plan = self._plan(arrays, "native", self.size)
+            factors = [1.0 if self.rank == root else 0.0] * len(arrays)
+            ops = ["sum"] * len(arrays)
+            for group in plan.groups:
+                self._reduce_group(group, arrays, factors, envelope, None, ops)
+            for index, view in (pair for g in plan.groups for pair in g.views()):
+                arrays[index][...] = view
         return arrays
 
     def allgather_rows(self, array):
@@ -415,16 +360,32 @@ class MPIExchanger(Exchanger):
         return result
 
     def allgather_object(self, obj):
+        """Small metadata only: the sizes travel with the envelope first, then
+        the pickles, both non-blocking so that a stall is reported."""
         if self.size == 1:
             return [obj]
-        # Small metadata only: a non-blocking barrier first so a stall is
-        # reported instead of hanging in the pickled gather.
-        self.barrier()
-        return self.comm.allgather(obj)
+        data = np.frombuffer(pickle.dumps(obj, protocol=4), dtype=np.uint8)
+        with self.lockstep.collective("allgather"):
+            lengths = np.zeros(self.size, dtype=np.int64)
+            lengths[self.rank] = data.size
+            lengths = self.allreduce([lengths], op="sum")[0]
+            gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
+            self._wait(self.comm.Iallgatherv(data, [gathered, lengths]), "allgather")
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        return [pickle.loads(gathered[offsets[r]:offsets[r + 1]].tobytes())
+                for r in range(self.size)]
 
     def barrier(self, timeout=None):
+        """Every rank reaches this point: a reduction of the envelopes alone."""
         if self.size > 1:
-            self._wait(self.comm.Ibarrier(), "barrier", timeout)
+            with self.lockstep.collective("barrier") as envelope:
+                plan = self._plan([], "native", self.size)
+                group = plan.groups[0]
+                self.lockstep.write_slots(group, envelope, None)
+                buf = group.wire
+                self.wait_for(self.comm.Iallreduce(self.MPI.IN_PLACE, buf,
+                                                   op=self.MPI.SUM).Test, "barrier", timeout)
+                self.lockstep.check_slots(group, envelope, None)
 
     # -- point to point ----------------------------------------------------
     def isend(self, array, dest, tag=0):
@@ -456,6 +417,13 @@ class MPIExchanger(Exchanger):
         if self._private is not None:
             self._private.Free()
             self._private = None
+        self.lockstep.close()
+
+
+def _checked_total(total):
+    if not total > 0:
+        raise ConfigError("weighted mean with a total weight of %r across ranks" % total)
+    return total
 
 
 @hookimpl

@@ -32,6 +32,7 @@ from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
 from tmpi_adapters.core.graph import ancestors, is_marker
 from tmpi_adapters.core.protocol import ModelProtocol, variable_name
 from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.frameworks.base import FrameworkAdapter, imports_module
 from tmpi_adapters.pluginmanager import hookimpl
 
@@ -128,12 +129,14 @@ class TheanoAdapter(FrameworkAdapter):
         session = self.session
         if session.size == 1 or session.options.compile_dirs != "shared":
             return self._original_function(*args, **kwargs)
+        # A cold compile of a conv net takes minutes: the deadline allows for it.
         timeout = max(session.options.stall_timeout or 0, 1800.0)
+        name = kwargs.get("name") or "a function"
         if session.rank == 0:
             result = self._original_function(*args, **kwargs)
-            session.exchanger.barrier(timeout=timeout)
+            session.meet(Envelope("compile", name), timeout=timeout)
             return result
-        session.exchanger.barrier(timeout=timeout)
+        session.meet(Envelope("compile", name), timeout=timeout)
         return self._original_function(*args, **kwargs)
 
     def function(self, *args, **kwargs):

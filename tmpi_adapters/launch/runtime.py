@@ -182,7 +182,8 @@ def describe_failure(error, rank, size):
     if isinstance(error, KeyboardInterrupt):
         return "tmpi: interrupted%s" % where
     if isinstance(error, TmpiError):
-        return "tmpi: error%s: %s" % (where, error)
+        # Raised inside a compiled function, it carries Theano's notes on the node.
+        return "tmpi: error%s: %s" % (where, _first_line(error))
     if isinstance(error, OSError) and error.filename is not None:
         return ("%stmpi: rank %d of %d failed: the script could not use %r: %s. Paths are "
                 "relative to the working directory %s." % (
@@ -240,13 +241,32 @@ def import_theano_in_rank_order(options, rank, size):
     if size == 1 or options.compile_dirs == "per-rank":
         import theano  # noqa: F401
         return
-    from mpi4py import MPI
     if rank == 0:
         import theano  # noqa: F401,F811
-        MPI.COMM_WORLD.Barrier()
+        wait_for_every_rank(options, size)
     else:
-        MPI.COMM_WORLD.Barrier()
+        wait_for_every_rank(options, size)
         import theano  # noqa: F401,F811
+
+
+def wait_for_every_rank(options, size):
+    """The start-up meeting of all ranks, with the stall timeout as deadline."""
+    from mpi4py import MPI
+
+    from tmpi_adapters.errors import StallError
+    from tmpi_adapters.exchangers.waiting import oversubscribed, wait_for
+
+    def too_long(what, waited, frame):
+        cores = os.cpu_count() or 1
+        raise StallError(
+            "not every one of the %d ranks started within %.0f s (--stall-timeout). "
+            "%sCheck the launcher's options (--mpiexec, --mpiexec-arg), or give the "
+            "ranks more time with --stall-timeout." % (
+                size, waited, "%d ranks share %d cores here, so each starts slowly: use "
+                "fewer ranks (-n). " % (size, cores) if size > 2 * cores else ""))
+
+    wait_for(MPI.COMM_WORLD.Ibarrier().Test, "the start of every rank", options.stall_timeout,
+             too_long, crowded=oversubscribed(size))
 
 
 def detect_framework(script, pm=None):

@@ -1,0 +1,66 @@
+"""Ranks that leave lockstep end the job in seconds, naming what each was doing.
+
+Real scripts under real ``mpiexec`` (``tests/scripts/lockstep.py``), each in a
+way real scripts go wrong; every collective carries an envelope, checked
+when it completes, so none of them mixes silently or hangs.
+"""
+import subprocess
+import time
+
+import pytest
+
+from conftest import SCRIPTS, rank_env, tmpi
+
+SCRIPT = SCRIPTS / "lockstep.py"
+#: What the issue allows from the divergence to the end of the job.
+BOUND_S = 30
+
+
+def wrap(mode, *options):
+    env = rank_env("float64")
+    env["THEANO_FLAGS"] += ",cxx="  # tiny graphs: no C compilation
+    start = time.monotonic()
+    result = tmpi("wrap", "-n", "2", *options, SCRIPT, mode, env=env, timeout=120)
+    return result, time.monotonic() - start
+
+
+def no_rank_left():
+    found = subprocess.run(["pgrep", "-f", str(SCRIPT)], capture_output=True, text=True)
+    return found.stdout.strip() == ""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode, ranks_said", [
+    ("swapped", ["rank 0: the identical start of A#0", "rank 1: the identical start of B#1"]),
+    ("uneven", ["rank 0: A#0 call 10 (32 rows)", "rank 1: finished the script after 9"]),
+    ("break", ["rank 0: A#0 call 5 (32 rows)", "rank 1: finished the script after 4"]),
+    ("exit", ["rank 0: A#0 call 5 (32 rows)", "rank 1: finished the script after 4"]),
+    ("caught", ["rank 0: A#0 call 5 (32 rows)", "rank 1: A#0 call 6 (32 rows)"]),
+    ("rows", ["rank 0: A#0 call 1 (32 rows)", "rank 1: A#0 call 1 (16 rows)"]),
+])
+def test_divergence_ends_the_job_naming_each_rank(mode, ranks_said):
+    result, seconds = wrap(mode)
+    assert result.returncode == 7, result.stdout + result.stderr
+    assert "ranks left lockstep" in result.stderr, result.stderr
+    for text in ranks_said:
+        assert text in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "Apply node" not in result.stderr
+    assert result.stderr.count("ranks left lockstep") == 1, result.stderr
+    assert seconds < BOUND_S, seconds
+    assert no_rank_left()
+
+
+@pytest.mark.mpi
+def test_ranks_in_step_pass():
+    result, _ = wrap("same")
+    assert result.returncode == 0, result.stderr
+    assert "done" in result.stdout
+
+
+@pytest.mark.mpi
+def test_start_up_has_a_deadline():
+    # Rank 1 waits for rank 0, which imports Theano first: longer than 0.05 s.
+    result, seconds = wrap("same", "--stall-timeout", "0.05")
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "ranks started within" in result.stderr, result.stderr
+    assert seconds < BOUND_S

@@ -1,0 +1,96 @@
+"""Envelopes: every collective says what it is for, in the same message.
+
+Ranks under a lockstep rule must issue the same collectives in the same
+order.  When a script makes them disagree (two training functions called in
+another order, one rank leaving its loop early, a failure caught on one rank
+only), MPI pairs whatever comes next: collectives of the same size complete
+with a silent mix, others hang.  So each collective carries an *envelope*:
+what the rank is doing (the phase, the training function, its call count,
+the batch's rows) and the collective's sequence number, turned into a small
+integer *token*.  Every rank writes its token into its own slot of a few
+extra elements of the reduced buffer (the others write zero), so after the
+reduction every rank sees every rank's token, exactly, and compares: no
+extra collective, a handful of elements more per message.  A mismatch
+becomes a :class:`~tmpi_adapters.errors.LockstepError` that names what each
+rank was doing.
+"""
+import zlib
+
+import numpy as np
+
+#: Largest token that each wire type carries exactly (a token is summed with
+#: zeros only, so it needs the type's integer range, not its sum's).
+_TOKEN_LIMIT = {"f8": 2 ** 31, "f4": 2 ** 24, "f2": 2 ** 11, "bf16": 2 ** 8,
+                "i8": 2 ** 31, "i4": 2 ** 31, "u2": 2 ** 11}
+
+
+def token_limit(wire_dtype, fmt=None):
+    """How large a token ``wire_dtype`` (or the ``fmt`` codes) carries exactly."""
+    if fmt is not None:
+        return _TOKEN_LIMIT["f2" if fmt == "fp16" else "bf16"]
+    key = "%s%d" % (np.dtype(wire_dtype).kind, np.dtype(wire_dtype).itemsize)
+    return _TOKEN_LIMIT.get(key, 2 ** 8)
+
+
+class Envelope:
+    """What a rank is doing when it takes part in collectives.
+
+    Parameters
+    ----------
+    phase : str
+        ``"step"``, ``"start"`` (the identical start), ``"end"`` (the end of
+        the script), ``"vote"``, ...
+    name : str
+        The training function or the exchange's purpose (``train_fn#0``,
+        ``Keras epoch end``).
+    call : int, optional
+        The function's call count (1 for its first call).
+    rows : int, optional
+        The global batch's rows.
+    """
+
+    __slots__ = ("phase", "name", "call", "rows")
+
+    def __init__(self, phase, name, call=None, rows=None):
+        self.phase, self.name, self.call, self.rows = phase, name, call, rows
+
+    def describe(self, sequence=None):
+        """``"train_G call 41 (32 rows)"`` and the like."""
+        if self.phase == "step":
+            text = "%s call %s" % (self.name, self.call)
+        elif self.phase == "start":
+            text = "the identical start of %s" % self.name
+        elif self.phase == "compile":
+            text = "compiling %s" % self.name
+        else:
+            text = self.name + ("" if self.call is None else " %s" % self.call)
+        if self.rows is not None:
+            text += " (%d rows)" % self.rows
+        return text
+
+    def token(self, sequence, limit):
+        """The integer in ``[1, limit]`` this envelope and the collective's
+        ``sequence`` number stand for."""
+        key = "%s|%s|%s|%s|%d" % (self.phase, self.name, self.call, self.rows, sequence)
+        return 1 + zlib.crc32(key.encode()) % (limit - 1)
+
+
+#: The envelope of collectives issued outside any training function.
+OUTSIDE = Envelope("other", "a collective outside training functions")
+
+
+def mismatch_message(descriptions, mine):
+    """The paragraph of a :class:`~tmpi_adapters.errors.LockstepError`.
+
+    ``descriptions`` is ``{rank: what it was doing}`` (ranks not heard from
+    are missing); ``mine`` is this rank's number.
+    """
+    lines = "; ".join("rank %d: %s" % (rank, text) for rank, text in sorted(descriptions.items()))
+    return ("ranks left lockstep: they met in one collective while doing different things "
+            "(%s). Under a lockstep rule (BSP) every rank must call the same training "
+            "functions in the same order with the same global batch. Usual causes: data "
+            "that gives ranks different numbers of batches, a loop that stops on a "
+            "per-rank condition (a time budget, a rank-local early stop, sys.exit on one "
+            "rank), an exception caught on one rank only, or functions called in a "
+            "rank-dependent order. Give every rank the same loop and the same batches "
+            "(tmpi splits each batch across the ranks itself)." % lines)

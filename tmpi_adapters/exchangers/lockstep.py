@@ -1,0 +1,182 @@
+"""Keeping an exchanger's collectives in lockstep: numbering, envelopes, the check.
+
+Every collective the ``mpi`` exchanger issues gets the next sequence number
+and the envelope of what the rank is doing (:mod:`.envelope`).  Its first
+message carries one slot per rank; each rank writes its token in its own
+slot.  After the reduction :meth:`Lockstep.check_slots` compares; on a
+mismatch every rank that completed the collective learns what the others
+were doing from a short gather on a communicator of its own (with a
+deadline: a rank that is stuck elsewhere is named by what it sent) and
+raises :class:`~tmpi_adapters.errors.LockstepError`.
+
+:attr:`Lockstep.current` tells the watchdog which collective a rank waits
+in, so that ranks stuck in collectives that cannot match are reported within
+seconds rather than after the stall timeout.
+"""
+import contextlib
+import time
+
+import numpy as np
+
+from tmpi_adapters.errors import LockstepError
+from tmpi_adapters.exchangers import codecs
+from tmpi_adapters.exchangers.envelope import OUTSIDE, mismatch_message, token_limit
+from tmpi_adapters.exchangers.waiting import wait_for
+
+#: Bytes of one rank's description in a mismatch report.
+_DESCRIPTION_BYTES = 240
+#: Seconds ranks wait for each other's descriptions after a mismatch.
+_REPORT_SECONDS = 5.0
+
+
+class _GaveUp(Exception):
+    pass
+
+
+class Lockstep:
+    """The sequence and envelopes of one exchanger's collectives.
+
+    Attributes
+    ----------
+    envelope : Envelope or None
+        What this rank is doing now (set by the session for a training
+        step); collectives outside any get :data:`~.envelope.OUTSIDE`.
+    sequence : int
+        Collectives started so far.
+    current : dict or None
+        ``{"sequence", "token", "description", "since"}`` of the collective
+        this rank is in, ``None`` between collectives.
+    """
+
+    def __init__(self, exchanger):
+        self.exchanger = exchanger
+        self.envelope = None
+        self.sequence = 0
+        self.current = None
+        self._control = None
+        self._tokens = []  # (sequence, envelope) of the collectives being run
+
+    @contextlib.contextmanager
+    def enveloped(self, envelope):
+        """Collectives inside carry ``envelope``."""
+        saved, self.envelope = self.envelope, envelope
+        try:
+            yield envelope
+        finally:
+            self.envelope = saved
+
+    @contextlib.contextmanager
+    def collective(self, what):
+        """One collective: numbered, published for the watchdog; yields its envelope."""
+        self.sequence += 1
+        envelope = self.envelope or OUTSIDE
+        outer = self.current
+        self.current = {"sequence": self.sequence, "description": envelope.describe(),
+                        "what": what, "since": time.time(), "token": None}
+        self._tokens.append((self.sequence, envelope))
+        self.exchanger.stats.collectives += outer is None
+        try:
+            yield envelope
+        finally:
+            self._tokens.pop()
+            self.current = outer
+
+    # -- the slots ------------------------------------------------------------------
+    def _token(self, group, envelope):
+        sequence = self._tokens[-1][0] if self._tokens else self.sequence
+        token = envelope.token(sequence, token_limit(group.wire.dtype, group.fmt))
+        if self.current is not None:
+            self.current["token"] = token
+        return token
+
+    def write_slots(self, group, envelope, weight):
+        """Fill ``group``'s header: this rank's token in its slot, zeros in the
+        others', then the travelling ``weight`` (if any)."""
+        size, rank = self.exchanger.size, self.exchanger.rank
+        header = group.wire[:group.header]
+        header.fill(0)
+        token = self._token(group, envelope)
+        if group.fmt is not None:
+            codecs.encode(np.array([token], dtype=np.float32), 1.0, header[rank:rank + 1],
+                          group.fmt)
+        else:
+            header[rank] = token
+        if weight is not None:
+            header[size] = weight
+
+    def check_slots(self, group, envelope, weight):
+        """After the reduction: every rank's token must be this rank's.
+        Returns the summed weight when one travelled, else ``None``."""
+        size = self.exchanger.size
+        header = group.wire[:group.header]
+        if group.fmt is not None:
+            slots = np.empty(size, dtype=np.float32)
+            codecs.decode(header[:size], slots, group.fmt)
+        else:
+            slots = header[:size]
+        mine = self.current["token"] if self.current else self._token(group, envelope)
+        tokens = [int(round(float(t))) for t in slots]
+        if any(t != mine for t in tokens):
+            self.mismatch(envelope, tokens, mine)
+        if weight is None:
+            return None
+        return float(header[size])
+
+    # -- a mismatch -------------------------------------------------------------------
+    def mismatch(self, envelope, tokens, mine):
+        """Raise :class:`LockstepError` naming what every rank was doing."""
+        sequence = self._tokens[-1][0] if self._tokens else self.sequence
+        mine_text = envelope.describe()
+        described = self._gather_descriptions(mine_text)
+        descriptions = {}
+        for rank, token in enumerate(tokens):
+            if rank in described:
+                descriptions[rank] = described[rank]
+            elif token == mine:
+                descriptions[rank] = mine_text
+            elif token == 0:
+                descriptions[rank] = "took part in another kind of collective"
+            else:
+                descriptions[rank] = "something else (it did not say what in time)"
+        error = LockstepError(mismatch_message(descriptions, self.exchanger.rank))
+        error.sequence = sequence
+        raise error
+
+    def _gather_descriptions(self, text):
+        """``{rank: description}`` from every rank that reports within a few seconds."""
+        exchanger = self.exchanger
+        control = self._control
+        if control is None:
+            return {exchanger.rank: text}
+        mine = np.zeros(_DESCRIPTION_BYTES, dtype=np.uint8)
+        raw = text.encode("utf-8", "replace")[:_DESCRIPTION_BYTES]
+        mine[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        everyone = np.zeros(_DESCRIPTION_BYTES * exchanger.size, dtype=np.uint8)
+        request = control.Iallgather(mine, everyone)
+
+        def give_up(what, waited, frame):
+            raise _GaveUp()
+
+        try:
+            wait_for(request.Test, "the mismatch report", _REPORT_SECONDS, give_up)
+        except _GaveUp:
+            return {exchanger.rank: text}
+        found = {}
+        for rank in range(exchanger.size):
+            chunk = everyone[rank * _DESCRIPTION_BYTES:(rank + 1) * _DESCRIPTION_BYTES]
+            found[rank] = chunk.tobytes().rstrip(b"\0").decode("utf-8", "replace")
+        return found
+
+    def open(self):
+        """Duplicate the communicator for mismatch reports (collective: called
+        by every rank when the exchanger is made)."""
+        exchanger = self.exchanger
+        if exchanger.size > 1 and self._control is None:
+            control, request = exchanger.comm.Idup()
+            exchanger.wait_for(request.Test, "starting the exchanger")
+            self._control = control
+
+    def close(self):
+        if self._control is not None:
+            self._control.Free()
+            self._control = None

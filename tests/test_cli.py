@@ -10,20 +10,30 @@ from conftest import run, tmpi
 MLP = EXAMPLES / "theano_mlp" / "train.py"
 
 
-def test_plugins_lists_builtins_with_versions_and_hooks():
-    result = check(tmpi("plugins"))
-    assert "rule:bsp" in result.stdout and "exchanger:mpi" in result.stdout
-    rows = json.loads(check(tmpi("plugins", "--json")).stdout)
-    by_name = {row["name"]: row for row in rows}
+def tmpi_here(capsys, *argv):
+    """``tmpi ARGV`` in this process: ``(exit status, stdout, stderr)``."""
+    from tmpi_adapters.launch import cli
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plugins_lists_builtins_with_versions_and_hooks(capsys):
+    code, out, _ = tmpi_here(capsys, "plugins")
+    assert code == 0 and "rule:bsp" in out and "exchanger:mpi" in out
+    code, out, _ = tmpi_here(capsys, "plugins", "--json")
+    by_name = {row["name"]: row for row in json.loads(out)}
     bsp = by_name["tmpi_adapters.rules.bsp"]
     assert bsp["version"] and bsp["hooks"] == ["tmpi_rules"]
     assert "tmpi_exchangers" in by_name["tmpi_adapters.exchangers.mpi"]["hooks"]
 
 
 def test_autoload_can_be_disabled_and_hooks_traced():
+    # The environment variables are read when the manager is built: a new process.
     env = rank_env(TMPI_DISABLE_PLUGIN_AUTOLOAD="1", TMPI_TRACE_HOOKS="1")
-    result = tmpi("wrap", "--rule", "nope", MLP, env=env)
+    result = tmpi("wrap", "--rule", "gosgd", MLP, env=env)
     assert "tmpi_rules" in result.stderr  # the trace of hook calls
+    assert result.returncode == 2 and "pip install tmpi-plugin-gosgd" in result.stderr
     rows = json.loads(check(tmpi("plugins", "--json", env=rank_env(
         TMPI_DISABLE_PLUGIN_AUTOLOAD="1"))).stdout)
     assert all("built-in" in row["distribution"] for row in rows)
@@ -38,15 +48,23 @@ def test_autoload_can_be_disabled_and_hooks_traced():
     (["wrap", "--rule-option", "period=0", str(MLP)], "period=0 must be > 0"),
     (["wrap", "--bogus", str(MLP)], "unknown option --bogus"),
     (["wrap", "--stall-timeout", "-1", str(MLP)], "--stall-timeout must be a positive"),
-    (["wrap", "--outputs", "everywhere", str(MLP)],
-     "--outputs: invalid choice: 'everywhere' (choose from 'averaged', 'local')"),
+    (["wrap", "--stall-timeout", "nan", str(MLP)], "--stall-timeout must be a positive, finite"),
+    (["wrap", "--stall-timeout", "inf", str(MLP)], "--stall-timeout must be a positive, finite"),
     (["wrap", "-n", "2"], "no script given"),
 ])
-def test_bad_input_is_one_clear_line(args, message):
-    result = tmpi(*args)
-    assert result.returncode != 0
-    assert message in result.stderr, result.stderr
-    assert "Traceback" not in result.stderr
+def test_bad_input_is_one_clear_line(capsys, args, message):
+    code, _, err = tmpi_here(capsys, *args)
+    assert code == 2
+    assert message in err, err
+    assert "Traceback" not in err
+
+
+def test_bad_choice_is_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        tmpi_here(capsys, "wrap", "--outputs", "everywhere", MLP)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--outputs: invalid choice: 'everywhere' (choose from 'averaged', 'local')" in err
 
 
 def test_decorator_options_are_checked_like_the_command_line():
@@ -57,12 +75,8 @@ def test_decorator_options_are_checked_like_the_command_line():
                                           "not 'everywhere'"):
         Options(outputs="everywhere").validate()
     assert Options(outputs="local").validate().outputs == "local"
-
-
-def test_rule_from_a_missing_plugin_names_the_distribution():
-    result = tmpi("wrap", "--rule", "gosgd", MLP, env=rank_env(TMPI_DISABLE_PLUGIN_AUTOLOAD="1"))
-    assert result.returncode != 0
-    assert "pip install tmpi-plugin-gosgd" in result.stderr
+    with pytest.raises(ConfigError, match="--stall-timeout must be a positive, finite"):
+        Options(stall_timeout=float("nan")).validate()
 
 
 @pytest.mark.mpi

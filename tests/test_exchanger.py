@@ -23,7 +23,7 @@ def test_exchanger_suite(name, cls, n):
 
 def test_bf16_round_trip_and_rounding():
     import numpy as np
-    from tmpi_adapters.exchangers.mpi import bf16_decode, bf16_encode
+    from tmpi_adapters.exchangers.codecs import bf16_decode, bf16_encode
     values = np.array([0.0, 1.0, -2.5, 3.140625, 1e-3, 65504.0], dtype=np.float32)
     decoded = bf16_decode(bf16_encode(values))
     np.testing.assert_allclose(decoded, values, rtol=2 ** -8)

@@ -34,37 +34,37 @@ def edge_values():
 @pytest.mark.parametrize("portable", [False, True], ids=["fast", "portable"])
 @pytest.mark.parametrize("fmt", ["fp16", "bf16"])
 def test_compiled_kernels_match_numpy(fmt, portable):
-    from tmpi_adapters.exchangers import kernels
-    if kernels.backend() == "numpy":
-        pytest.skip("compiled kernels unavailable here: %s" % kernels.unavailable_reason)
-    kernels.set_portable(portable)
+    from tmpi_adapters.exchangers import codecs
+    if codecs.backend() == "numpy":
+        pytest.skip("compiled kernels unavailable here: %s" % codecs.unavailable_reason)
+    codecs.set_portable(portable)
     try:
         values = edge_values()
         for source, factor in ((values, 1.0), (values.astype(np.float64) * 1.37, 0.5)):
             fast, reference = (np.empty(source.size, np.uint16) for _ in range(2))
-            kernels.encode(source, factor, fast, fmt)
-            kernels._numpy_encode(source, factor, reference, fmt)
+            codecs.encode(source, factor, fast, fmt)
+            codecs._numpy_encode(source, factor, reference, fmt)
             np.testing.assert_array_equal(fast, reference)
         decoded, expected = np.empty(values.size, np.float32), np.empty(values.size, np.float32)
-        kernels.decode(fast, decoded, fmt)
-        kernels._numpy_decode(fast, expected, fmt)
+        codecs.decode(fast, decoded, fmt)
+        codecs._numpy_decode(fast, expected, fmt)
         np.testing.assert_array_equal(decoded, expected)
         # Sums in float32, one rounding: three parts, the first also the output.
         parts = [np.empty(1000, np.uint16) for _ in range(3)]
         for i, part in enumerate(parts):
-            kernels.encode(values[:1000] * (i + 1), 1.0, part, fmt)
+            codecs.encode(values[:1000] * (i + 1), 1.0, part, fmt)
         total = np.empty(1000, np.float32)
-        kernels._numpy_decode(parts[0], total, fmt)  # not 0 + ...: keeps -0.0
+        codecs._numpy_decode(parts[0], total, fmt)  # not 0 + ...: keeps -0.0
         for part in parts[1:]:
             step = np.empty(1000, np.float32)
-            kernels._numpy_decode(part, step, fmt)
+            codecs._numpy_decode(part, step, fmt)
             total += step
         expected_codes = np.empty(1000, np.uint16)
-        kernels._numpy_encode(total, 1.0, expected_codes, fmt)
-        kernels.reduce_codes(parts, parts[0], fmt)
+        codecs._numpy_encode(total, 1.0, expected_codes, fmt)
+        codecs.reduce_codes(parts, parts[0], fmt)
         np.testing.assert_array_equal(parts[0], expected_codes)
     finally:
-        kernels.set_portable(False)
+        codecs.set_portable(False)
 
 
 def test_unknown_algorithm_is_a_clear_error(monkeypatch):

@@ -60,7 +60,7 @@ def test_ranks_in_step_pass():
 @pytest.mark.mpi
 def test_start_up_has_a_deadline():
     # Rank 1 waits for rank 0, which imports Theano first: longer than 0.05 s.
-    result, seconds = wrap("same", "--stall-timeout", "0.05")
+    result, seconds = wrap("same", "--start-timeout", "0.05")
     assert result.returncode == 4, result.stdout + result.stderr
     assert "ranks started within" in result.stderr, result.stderr
     assert seconds < BOUND_S

@@ -137,16 +137,18 @@ def test_run_that_does_not_retrace_its_checkpoint_is_stopped(short_run):
 
 
 WRITER = """
-import sys
-from tmpi_adapters.reliability.checkpoint.checkpointer import encode, write_atomic
-write_atomic(sys.argv[1], "checkpoint-step00000001.tmpi",
+import os, sys
+from tmpi_adapters.files import write_atomic
+from tmpi_adapters.reliability.checkpoint.fileformat import encode
+write_atomic(os.path.join(sys.argv[1], "checkpoint-step00000001.tmpi"),
              encode({"blob": bytes(200 * 1024 * 1024)}, {}))
 """
 
 
 def test_a_crash_while_writing_never_destroys_the_previous_checkpoint(tmp_path):
-    from tmpi_adapters.reliability.checkpoint.checkpointer import decode, encode, write_atomic
-    previous = write_atomic(str(tmp_path), "checkpoint-step00000001.tmpi",
+    from tmpi_adapters.files import write_atomic
+    from tmpi_adapters.reliability.checkpoint.fileformat import decode, encode
+    previous = write_atomic(str(tmp_path / "checkpoint-step00000001.tmpi"),
                             encode({"good": True}, {}))
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=ROOT)
 

@@ -87,7 +87,7 @@ def test_more_ranks_than_rows_in_a_batch():
     (["--rule-option", "period=two"], "rule 'bsp' option period='two' is not a valid int"),
     (["--rule-option", "mode=sync"], "option mode='sync' must be one of grad, avg"),
     (["--rule-option", "tau"], "must look like name=value"),
-    (["--stall-timeout", "-1"], "--stall-timeout must be a positive number"),
+    (["--stall-timeout", "-1"], "--stall-timeout must be a positive, finite number of seconds"),
     (["--stall-timeout", "soon"], "argument --stall-timeout: invalid float value"),
     (["-n", "0"], "-n must be at least 1, not 0"),
     (["--warmup-steps", "-5"], "--warmup-steps must be >= 0"),

@@ -27,17 +27,19 @@ def test_rank0_validating_alone_is_reported_and_the_job_goes_on():
 
 
 @pytest.mark.mpi
-def test_uneven_data_stall_aborts_on_request_naming_both_sides():
-    # Rank 1 runs out of batches after 12 steps; rank 0 waits in step 13.
+def test_stall_aborts_on_request_naming_both_sides():
+    # Rank 0 "validates" far longer than the stall timeout while rank 1 waits
+    # in step 6: with --on-stall abort the report ends the job.  (Ranks that
+    # run out of batches early are not a stall: they leave lockstep, and
+    # tests/test_lockstep.py shows that case ending at once.)
     result = tmpi("wrap", "-n", "2", "--stall-timeout", "2", "--on-stall", "abort", STALL,
-                  "uneven", timeout=START_TIMEOUT)
+                  "rank0-validates", "60", timeout=START_TIMEOUT)
     stderr = own_lines(result.stderr)
     assert result.returncode == 4, stderr
     assert "tmpi: stall:" in stderr
-    assert "rank 0: waiting" in stderr and "in step 13 of train#0" in stderr
-    assert "rank 1: waiting" in stderr and "finished the script after step 12 of train#0" \
-        in stderr, stderr
-    assert "rank 1 has not reached it" in stderr
+    assert "rank 1: waiting" in stderr and "in step 6 of train#0" in stderr
+    assert "rank 0: running the script after step 5 of train#0" in stderr, stderr
+    assert "rank 0 has not reached it" in stderr
     assert "Ending the job (--on-stall abort)" in stderr
     assert stderr.count("tmpi: stall:") == 1
     assert "Traceback" not in stderr

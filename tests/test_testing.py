@@ -1,8 +1,9 @@
-"""tmpi_adapters.testing: the least-squares problem and the helpers' plumbing
-(the plugins' suites use them under real mpiexec)."""
+"""tmpi_adapters.testing: the least-squares problem, the helpers' plumbing and
+RuleConformance's parameters (the plugins' suites use them under real mpiexec)."""
 import sys
 
 import numpy as np
+import pytest
 
 from tmpi_adapters import testing
 
@@ -39,3 +40,65 @@ def test_run_drops_tmpi_options_and_runs_theano_in_pure_python(monkeypatch):
 def test_val_accuracy_reads_the_last_final_line():
     stdout = "final val_loss 0.5 val_acc 0.9\nepoch 2\nfinal val_loss 0.2 val_acc 0.97\n"
     assert testing.val_accuracy(stdout) == 0.97
+
+
+def test_final_numbers_reads_the_last_line_of_the_key():
+    stdout = "final norms 1.5 2.0e-3\nfinal val_loss 0.5 val_acc 0.9\nfinal norms 3.25 nan\n"
+    assert testing.final_numbers(stdout, "val_loss") == [0.5, 0.9]
+    assert testing.final_numbers(stdout, "norms")[0] == 3.25
+
+
+def test_assert_close_is_relative_to_the_larger():
+    testing.assert_close([1.0, 1e6], [1.0 + 1e-9, 1e6 + 1e-3], 1e-8)
+    with pytest.raises(AssertionError):
+        testing.assert_close([1.0], [1.1], 1e-8)
+
+
+def test_environment_drops_tmpi_options_and_may_compile(monkeypatch):
+    monkeypatch.setenv("TMPI_OPTIONS", "{}")
+    monkeypatch.setenv("THEANO_FLAGS", "floatX=float32,device=cpu")
+    env = testing.environment(pure_python=False, EXTRA=1)
+    assert "TMPI_OPTIONS" not in env and env["EXTRA"] == "1"
+    assert env["THEANO_FLAGS"].split(",") == ["device=cpu", "floatX=float64", "blas.ldflags="]
+
+
+class _Metafunc:
+    """What RuleConformance.pytest_generate_tests uses of pytest's Metafunc."""
+
+    def __init__(self, *fixturenames):
+        self.fixturenames = fixturenames
+        self.parameters = {}
+
+    def parametrize(self, name, values, ids=None):
+        self.parameters[name] = (list(values), ids)
+
+
+class _EASGDLike(testing.RuleConformance):
+    rule, distribution = "r", "tmpi-plugin-r"
+    rule_options, asynchronous = ["mode=sync"], False
+    other_form = (["mode=async"], True)
+    bad_options = [("tau=0", "must be > 0")]
+    refused_options = [(["alpha=0.8"], ("beta", "alpha <="))]
+
+
+def test_rule_conformance_parametrizes_its_tests_from_the_attributes():
+    metafunc = _Metafunc("bad_option", "form")
+    _EASGDLike().pytest_generate_tests(metafunc)
+    cases, _ = metafunc.parameters["bad_option"]
+    assert [c.values[0] for c in cases] == [(True, ["tau=0"], "must be > 0"),
+                                            (False, ["alpha=0.8"], ("beta", "alpha <="))]
+    assert [c.id for c in cases] == ["tau=0", "alpha=0.8 on the ranks"]
+    assert [m.name for m in cases[1].marks] == ["mpi"] and not cases[0].marks
+    forms, ids = metafunc.parameters["form"]
+    assert forms == [(["mode=sync"], False), (["mode=async"], True)]
+    assert ids == ["mode=sync synchronous", "mode=async asynchronous"]
+
+
+def test_rule_conformance_marks_the_tests_that_start_ranks():
+    def marks(name):
+        return [m.name for m in getattr(getattr(testing.RuleConformance, name),
+                                        "pytestmark", [])]
+    for name in dir(testing.RuleConformance):
+        if name.startswith("test_"):
+            starts_ranks = name.startswith(("test_mlp", "test_a_held_back"))
+            assert (marks(name) == ["mpi"]) == starts_ranks, name

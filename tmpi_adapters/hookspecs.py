@@ -177,14 +177,17 @@ def tmpi_call(session, call):
     its result after (checkpointing records the call log and writes a
     checkpoint that fell due); a ``tryfirst`` implementation that returns a
     value answers the call without running it (a resume replays calls this
-    way).  Return ``None`` to let the call run.
+    way).  Return ``None`` to let the call run: so a plain implementation
+    cannot answer a call with ``None`` (a function compiled without
+    outputs); a wrapper can turn a marker of its own back into ``None``.
 
     Parameters
     ----------
     session : tmpi_adapters.core.session.Session
     call : tmpi_adapters.core.function.Call
         ``call.function`` (has ``.key``, the function's name in logs and
-        checkpoints), ``call.kind`` (``"train"`` for a training step,
+        checkpoints, and ``.has_updates``, whether the call changes state),
+        ``call.kind`` (``"train"`` for a training step,
         ``"other"`` otherwise), ``call.args``, ``call.kwargs``, and
         ``call.run()``.
 

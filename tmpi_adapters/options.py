@@ -105,6 +105,10 @@ class Options:
     stall_timeout: float = option(300.0, "seconds a rank may wait on the others before a "
                                          "stall is reported (default 300)", type=float,
                                   check=_stall_timeout)
+    start_timeout: float = option(600.0, "seconds every rank has to start and import Theano "
+                                         "before the job is ended (default 600)", type=float,
+                                  check=lambda v: check_timeout(v, "--start-timeout",
+                                                                allow_none=False))
     all_ranks_output: bool = option(False, "show every rank's output, prefixed [rank N]")
     compile_dirs: str = option("shared", "Theano compile cache: shared, filled by rank 0 "
                                          "first (default), or one per rank",

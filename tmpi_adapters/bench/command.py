@@ -115,10 +115,8 @@ def write_result(path, result):
     their own processes and hand their results back this way; a part that
     dies half-way leaves no file that reads as a result.
     """
-    tmp = path + ".tmp"
-    with open(tmp, "w") as handle:
-        json.dump(result, handle, indent=1)
-    os.replace(tmp, path)
+    from tmpi_adapters.files import write_atomic
+    write_atomic(path, json.dumps(result, indent=1))
 
 
 def run_exchange(workdir, ranks, width, repetitions, torch):

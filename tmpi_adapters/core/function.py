@@ -27,7 +27,9 @@ class Call:
     Attributes
     ----------
     function : DistributedFunction or ObservedFunction
-        What was called; ``function.key`` names it in logs and checkpoints.
+        What was called; ``function.key`` names it in logs and checkpoints,
+        and ``function.has_updates`` says whether the call changes state
+        (training steps and functions with updates must really run).
     kind : {"train", "other"}
         A training step, or any other function.
     args, kwargs
@@ -64,7 +66,8 @@ class DistributedFunction:
     a rank its batch return the latest step's results.
     """
 
-    def __init__(self, adapter, compiled, model, sliced, bounds_fn, single_output):
+    def __init__(self, adapter, compiled, model, sliced, bounds_fn, single_output,
+                 combiner=None):
         self.adapter = adapter
         self.session = adapter.session
         self.fn = compiled
@@ -73,7 +76,8 @@ class DistributedFunction:
         self.bounds_fn = bounds_fn
         self.single_output = single_output
         self.calls = 0
-        self._kinds = None
+        #: combines, after each step, what the step's exchange did not carry
+        self.combiner = combiner
         self._stash = None
         self._latest = None
         self._last_outputs = None
@@ -124,6 +128,9 @@ class DistributedFunction:
         """Names this function in checkpoints and messages."""
         return self.model.name
 
+    #: A training step changes the model: it always really runs.
+    has_updates = True
+
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         return self.session.call(self, "train", self._call, args, kwargs)
@@ -169,11 +176,8 @@ class DistributedFunction:
         session.begin_step(self.model, weight, call=self.calls, rows=batch)
         outputs = self.fn(*args, **kwargs)
         values = [outputs] if self.single_output else list(outputs or [])
-        if values and session.size > 1:
-            if self._kinds is None:
-                self._kinds = session.output_kinds(values, rows)
-            if session.options.outputs == "averaged" or "rows" in self._kinds:
-                values = session.reduce_outputs(values, weight, self._kinds)
+        if values and self.combiner is not None:
+            values = self.combiner(values, weight, rows, total=batch)
         session.end_step(self.model, weight, outputs=values)
         if self.single_output:
             result = values[0]

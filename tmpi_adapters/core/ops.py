@@ -65,16 +65,25 @@ class GradientMarker(Op):
 
 
 class FusedAllreduce(Op):
-    """Combine all gradients of one step across ranks in one exchange.
+    """Everything one training step exchanges, in one collective.
+
+    Its inputs are the step's gradients, then what else the ranks must
+    agree on that the graph computes in the same step (the *riders*): the
+    returned losses and metrics, model state such as BatchNorm statistics,
+    the increments of metric accumulators.  Each input is reduced as its
+    entry of ``ops`` says: ``"mean"`` (weighted by each rank's rows) or
+    ``"sum"``.  Outputs are the reduced inputs, shaped alike.
 
     Parameters
     ----------
     key : str
         Names the training function (for messages and the recorder).
-    n : int
-        Number of gradients.
+    ops : tuple of str
+        One reduction per input.
+    gradients : int
+        How many of the inputs, first, are gradients (the others are riders).
     exchange : callable
-        ``exchange(arrays, key=key) -> arrays``: the session's
+        ``exchange(arrays, key=key, ops=ops, gradients=gradients) -> arrays``: the session's
         :meth:`~tmpi_adapters.core.session.Session.exchange_gradients`, given
         when the training function is compiled.
     borrowed : bool
@@ -82,29 +91,30 @@ class FusedAllreduce(Op):
         one rank), not the input arrays themselves.
     """
 
-    __props__ = ("key", "n")
+    __props__ = ("key", "ops", "gradients")
 
-    def __init__(self, key, n, exchange=None, borrowed=True):
+    def __init__(self, key, ops, gradients=None, exchange=None, borrowed=True):
         self.key = key
-        self.n = n
+        self.ops = tuple(ops)
+        self.gradients = len(self.ops) if gradients is None else gradients
         self._exchange = exchange
         self.borrowed = borrowed
-        # On one rank output i *is* input i (nothing to reduce); declaring the
-        # alias keeps Theano from destroying the input while the output lives.
-        self.view_map = {i: [i] for i in range(n)}
+        # Where output i *is* input i (one rank: nothing to reduce), declaring
+        # the alias keeps Theano from destroying the input while the output lives.
+        self.view_map = {i: [i] for i in range(len(self.ops))}
 
     def do_constant_folding(self, node):
         # A collective must run on every call, never at compile time.
         return False
 
-    def make_node(self, *grads):
-        grads = [theano.tensor.as_tensor_variable(g) for g in grads]
-        outputs = [g.type() for g in grads]
+    def make_node(self, *inputs):
+        inputs = [theano.tensor.as_tensor_variable(v) for v in inputs]
+        outputs = [v.type() for v in inputs]
         for output in outputs:
             # The value lives in the exchanger's buffer: nothing may reduce it
             # in place into storage that outlives the step.
             output.tag.indestructible = self.borrowed
-        return Apply(self, grads, outputs)
+        return Apply(self, inputs, outputs)
 
     def perform(self, node, inputs, output_storage):
         if self._exchange is None:
@@ -112,7 +122,8 @@ class FusedAllreduce(Op):
                 "training function %s was loaded from a pickle outside the tmpi session that "
                 "compiled it; compile it again under tmpi (its gradients need the session's "
                 "exchange)." % self.key)
-        results = self._exchange(list(inputs), key=self.key)
+        results = self._exchange(list(inputs), key=self.key, ops=self.ops,
+                                 gradients=self.gradients)
         escaping = leaving_outputs(node)
         for i, (value, store) in enumerate(zip(results, output_storage)):
             # Copied: this value outlives the step, the buffer does not.
@@ -125,7 +136,7 @@ class FusedAllreduce(Op):
         return output_grads
 
     def __reduce__(self):
-        return (FusedAllreduce, (self.key, self.n))
+        return (FusedAllreduce, (self.key, self.ops, self.gradients))
 
 
 def leaving_outputs(node):

@@ -57,6 +57,10 @@ class ModelProtocol:
     scales_learning_rate : bool
         True when the adapter applies ``--lr-scaling`` to the optimizer's
         learning rate itself (Keras, in the graph), so gradients are left alone.
+    averaged_state : list of SharedVariable
+        The part of ``model_state`` whose new values the training step itself
+        averages (they travel in the step's one exchange); the rest is
+        averaged after the step.
 
     Attributes
     ----------
@@ -68,7 +72,8 @@ class ModelProtocol:
 
     def __init__(self, params, optimizer_state=(), model_state=(), name="model",
                  train_fn=None, n_batch_train=None, n_epochs=None,
-                 output_names=None, gradient_names=None, scales_learning_rate=False):
+                 output_names=None, gradient_names=None, scales_learning_rate=False,
+                 averaged_state=()):
         self.params = list(params)
         self.optimizer_state = list(optimizer_state)
         self.model_state = list(model_state)
@@ -79,6 +84,7 @@ class ModelProtocol:
         self.output_names = output_names
         self.gradient_names = gradient_names
         self.scales_learning_rate = scales_learning_rate
+        self.averaged_state = list(averaged_state)
         self.step = 0
         self.synchronized = False
 

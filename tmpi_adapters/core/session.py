@@ -95,6 +95,7 @@ class Session:
         self.observes_calls = False
         self._after_exchange = False
         self._weight = None
+        self._total = None
         exchanger_name = self.options.exchanger or self.pm.hook.tmpi_select_exchanger(
             session=self)
         exchanger_cls = lookup("exchangers", exchanger_name, self.pm)
@@ -124,27 +125,37 @@ class Session:
         return self
 
     def finish(self, error=None):
-        """Let rules finish, report the time split, unhook the framework."""
+        """Let rules finish, report the time split, unhook the framework.
+
+        ``tmpi_session_end`` is called in every case, with the error that
+        ended the run (or that finishing raised).
+        """
         global _current
         try:
             if error is None:
-                for model in self.models:
-                    if model.train_fn is not None:
-                        model.train_fn.flush()
-                self.finish_together()
-                self.pm.hook.tmpi_before_finish(session=self)
-                for model in self.models:
-                    if model.step > 0:
-                        self.rule.finish(model)
-                self.adapter.check_finished()
-                self.report()
-            self.pm.hook.tmpi_session_end(session=self, error=error)
+                try:
+                    for model in self.models:
+                        if model.train_fn is not None:
+                            model.train_fn.flush()
+                    self.finish_together()
+                    self.pm.hook.tmpi_before_finish(session=self)
+                    for model in self.models:
+                        if model.step > 0:
+                            self.rule.finish(model)
+                    self.adapter.check_finished()
+                    self.report()
+                except BaseException as exc:  # noqa: B902 - re-raised; plugins hear of it
+                    error = exc
+                    raise
         finally:
-            self.adapter.uninstall()
-            self.exchanger.close()
-            self.started = False
-            if _current is self:
-                _current = None
+            try:
+                self.pm.hook.tmpi_session_end(session=self, error=error)
+            finally:
+                self.adapter.uninstall()
+                self.exchanger.close()
+                self.started = False
+                if _current is self:
+                    _current = None
 
     def finish_together(self):
         """Under a lockstep rule, every rank reaches the end of the script
@@ -231,8 +242,12 @@ class Session:
     def synchronize(self, model):
         """Identical start of a model (its parameters, optimizer and model
         state), then the rule starts it."""
+        saved = self.exchanger.lockstep_envelope
         self.exchanger.set_envelope(Envelope("start", model.name))
-        self.identical_start(model.state_variables, model.signature())
+        try:
+            self.identical_start(model.state_variables, model.signature())
+        finally:
+            self.exchanger.set_envelope(saved)
         model.synchronized = True
         self.rule.start(model)
         self.pm.hook.tmpi_model_ready(session=self, model=model)
@@ -250,6 +265,7 @@ class Session:
             self.synchronize(model)
         self.exchanger.set_envelope(Envelope("step", model.name, call=call, rows=rows))
         self._weight = weight
+        self._total = rows
         self.recorder.begin_step()
 
     def end_step(self, model, samples, outputs=None):
@@ -261,7 +277,7 @@ class Session:
         self.recorder.add_exchange(time.perf_counter() - start)
         self.recorder.end_step(samples, outputs=outputs, model=model)
         self.exchanger.set_envelope(None)
-        self._weight = None
+        self._weight = self._total = None
         self.stepping = None
         self.pm.hook.tmpi_after_step(session=self, model=model, step=model.step,
                                      samples=samples)
@@ -286,67 +302,39 @@ class Session:
             return 1.0
         return self.learning_rate_scale(model)
 
-    def exchange_gradients(self, grads, key=None):
+    def exchange_gradients(self, arrays, key=None, ops=None, gradients=None):
         """What the in-graph :class:`~tmpi_adapters.core.ops.FusedAllreduce`
-        of training function ``key`` calls.
+        of training function ``key`` calls: the step's one exchange.
 
-        The results may be views of the exchanger's buffers (valid for this
-        step only): the Op hands them straight to Theano's update.
+        ``arrays`` are the step's gradients (the first ``gradients`` of them)
+        and its riders, reduced as ``ops`` says.  The results may be views of
+        the exchanger's buffers (valid for this step only): the Op hands them
+        straight to Theano's update.
         """
         start = time.perf_counter()
+        gradients = len(arrays) if gradients is None else gradients
         with self.exchanger.borrowing():
-            results = self.rule.reduce_gradients(grads, self._weight)
+            results = self.rule.reduce_gradients(arrays, self._weight, ops=ops,
+                                                 total=self._total)
         model = self._current_model(key)
         scale = self.gradient_scale(model)
         if scale != 1.0:
-            results = [r * r.dtype.type(scale) for r in results]
+            results = [r * r.dtype.type(scale) if i < gradients else r
+                       for i, r in enumerate(results)]
         if self._after_exchange:
-            self.pm.hook.tmpi_after_exchange(session=self, model=model, gradients=grads,
-                                             reduced=results, weight=self._weight)
+            self.pm.hook.tmpi_after_exchange(session=self, model=model,
+                                             gradients=arrays[:gradients],
+                                             reduced=results[:gradients], weight=self._weight)
         self.recorder.add_exchange(time.perf_counter() - start)
         return results
+
+    def watches_exchanges(self):
+        """True when some plugin looks at every exchange (``tmpi_after_exchange``):
+        then even one rank's training steps keep their exchange."""
+        return self._after_exchange
 
     def _current_model(self, key):
         for model in self.models:
             if model.name == key:
                 return model
         return None
-
-    def output_kinds(self, values, rows):
-        """Decide once, identically on every rank, how each returned value combines:
-        ``"mean"`` (weighted by rows) or ``"rows"`` (concatenated in rank order)."""
-        local = [np.ndim(v) >= 1 and np.shape(v)[0] == rows for v in values]
-        votes = self.exchanger.allgather_object(local) if self.size > 1 else [local]
-        return ["rows" if all(v[i] for v in votes) else "mean" for i in range(len(values))]
-
-    def reduce_outputs(self, values, weight, kinds):
-        """Combine a training step's returned values across ranks.
-
-        ``kinds`` comes from :meth:`output_kinds`.  ``"mean"`` values are averaged
-        weighted by rows (summed with ``loss_reduction=sum``), all in one
-        collective; ``"rows"`` values are concatenated in rank order (a rank
-        running padding rows with weight 0 contributes none).
-        """
-        if self.size == 1:
-            return values
-        start = time.perf_counter()
-        try:
-            return self._reduce_outputs(values, weight, kinds)
-        finally:
-            self.recorder.add_exchange(time.perf_counter() - start)
-
-    def _reduce_outputs(self, values, weight, kinds):
-        op = "sum" if self.options.loss_reduction == "sum" else "mean"
-        w = None if op == "sum" else weight
-        result = list(values)
-        means = [i for i, k in enumerate(kinds) if k == "mean"]
-        if means:
-            arrays = [np.asarray(values[i]) for i in means]
-            floats = [np.asarray(a, dtype=np.float64) for a in arrays]
-            reduced = self.exchanger.allreduce(floats, op=op, weight=w)
-            for i, a, r in zip(means, arrays, reduced):
-                result[i] = r.astype(a.dtype)[()] if a.dtype.kind in "fc" else r[()]
-        for i, kind in enumerate(kinds):
-            if kind == "rows":
-                result[i] = self.exchanger.allgather_rows(np.asarray(values[i])[:int(weight)])
-        return result

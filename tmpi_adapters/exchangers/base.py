@@ -222,6 +222,12 @@ class Exchanger(abc.ABC):
 
     rank = 0
     size = 1
+    #: Whether :meth:`isend`, :meth:`irecv` and :meth:`probe` work (asynchronous
+    #: rules need them).
+    point_to_point = True
+    #: The :class:`~tmpi_adapters.exchangers.lockstep.Lockstep` of exchangers
+    #: that check every collective's envelope (``None``: this one does not).
+    lockstep = None
 
     @classmethod
     def unavailable_reason(cls, size=None):
@@ -235,7 +241,8 @@ class Exchanger(abc.ABC):
 
     # -- collectives -----------------------------------------------------
     @abc.abstractmethod
-    def allreduce(self, arrays, op="mean", weight=None, precision=None, out=None):
+    def allreduce(self, arrays, op="mean", weight=None, precision=None, out=None, ops=None,
+                  total=None):
         """Reduce many arrays across ranks in as few collectives as possible.
 
         Parameters
@@ -252,6 +259,14 @@ class Exchanger(abc.ABC):
             Overrides the exchanger's default transfer precision.
         out : sequence of arrays, optional
             Where to write results (may be ``arrays`` itself for in-place).
+        ops : sequence of {"mean", "sum"}, optional
+            Each array's own reduction, overriding ``op``: one message can
+            carry weighted means and sums (a training step's gradients and
+            its metric accumulators).  With ``weight`` 0 a rank adds nothing
+            to the sums either.
+        total : float, optional
+            Every rank's ``weight`` summed, when the caller knows it (the
+            global batch's rows): then the weights need not travel.
 
         Returns
         -------

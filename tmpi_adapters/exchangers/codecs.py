@@ -8,9 +8,15 @@ instructions where the CPU has them, plain C elsewhere.  Without a compiler
 (or with ``TMPI_NO_KERNELS=1``) the same operations run in numpy, slower but
 with identical results.
 
-Every function takes contiguous 1-d arrays and writes into ``out``; none
-allocates.  ``fmt`` is ``"fp16"`` or ``"bf16"``; encoded values are stored as
-``uint16`` bit patterns.  Rounding is to nearest even in both formats.
+:func:`encode`, :func:`decode`, :func:`accumulate` and :func:`reduce_codes`
+take contiguous 1-d numpy arrays and write into ``out``; none allocates.
+``fmt`` is ``"fp16"`` or ``"bf16"``; encoded values are stored as ``uint16``
+bit patterns.  Rounding is to nearest even in both formats.
+
+:func:`encode_words`, :func:`decode_words`, :func:`bf16_encode` and
+:func:`bf16_decode` are the same conversions written once for any array
+module ``xp`` (numpy or CuPy): the numpy fallback above, and the GPU
+exchangers' conversions on the device.
 """
 import ctypes
 import hashlib
@@ -263,54 +269,82 @@ def _check(array, dtype=None):
         raise ValueError("expected %s, got %s" % (dtype, array.dtype))
 
 
-# -- numpy versions (the fallback, and the reference in tests) ------------------
+def _check_pair(what, src, src_dtype, out, out_dtype):
+    """Both contiguous, of the dtypes given (``None``: any), of one size."""
+    _check(src, src_dtype)
+    _check(out, out_dtype)
+    if src.size != out.size:
+        raise ValueError("%s: %d values into %d slots" % (what, src.size, out.size))
 
-def bf16_encode(values, out=None):
-    """float32 -> bfloat16 bits (uint16), rounding to nearest even; NaN stays NaN."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    if nan.any():
-        rounded[nan] = (bits[nan] >> np.uint32(16)) | np.uint32(0x40)
+
+# -- array-module versions: numpy (the fallback, and the reference in tests) or ----
+# -- CuPy (the GPU exchangers: CuPy has no bfloat16 dtype, so the bits are computed) -
+
+def _into(out, values, dtype):
+    """``values`` as ``dtype``: written into ``out`` when given, else a new array
+    (or ``values`` itself when it has that dtype already)."""
     if out is None:
-        return rounded.astype(np.uint16)
-    out[...] = rounded
+        return values.astype(dtype, copy=False)
+    out[...] = values
     return out
 
 
-def bf16_decode(bits, out=None):
-    """bfloat16 bits (uint16) -> float32."""
-    wide = np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)
-    if out is None:
-        return wide.view(np.float32)
-    out[...] = wide.view(np.float32)
-    return out
+def _is_fp16(fmt):
+    """True for ``"fp16"``, False for ``"bf16"``; ValueError for anything else."""
+    if fmt not in ("fp16", "bf16"):
+        raise ValueError("no 16-bit encoding for precision %r" % (fmt,))
+    return fmt == "fp16"
+
+
+def bf16_encode(values, out=None, xp=np):
+    """float32 -> bfloat16 bits (uint16), rounding to nearest even; NaN stays NaN.
+
+    ``xp`` is the array module of ``values``: numpy or CuPy.
+    """
+    bits = xp.ascontiguousarray(values, dtype=xp.float32).view(xp.uint32)
+    sixteen = xp.uint32(16)
+    rounded = (bits + xp.uint32(0x7FFF) + ((bits >> sixteen) & xp.uint32(1))) >> sixteen
+    # Rounding could carry a NaN's mantissa into infinity: keep it a quiet NaN.
+    nan = (bits & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
+    return _into(out, xp.where(nan, (bits >> sixteen) | xp.uint32(0x40), rounded), xp.uint16)
+
+
+def bf16_decode(bits, out=None, xp=np):
+    """bfloat16 bits (uint16) -> float32; ``xp`` is numpy or CuPy."""
+    wide = xp.asarray(bits, dtype=xp.uint16).astype(xp.uint32) << xp.uint32(16)
+    return _into(out, wide.view(xp.float32), xp.float32)
+
+
+def encode_words(values, fmt, out=None, xp=np):
+    """float32 ``values`` -> the uint16 words of ``fmt`` (``"fp16"``/``"bf16"``),
+    into ``out`` when given; ``xp`` is numpy or CuPy."""
+    if not _is_fp16(fmt):
+        return bf16_encode(values, out=out, xp=xp)
+    halves = _into(None if out is None else out.view(xp.float16), values, xp.float16)
+    return halves.view(xp.uint16) if out is None else out
+
+
+def decode_words(words, fmt, out=None, xp=np):
+    """The inverse of :func:`encode_words`: uint16 words of ``fmt`` -> float32."""
+    if not _is_fp16(fmt):
+        return bf16_decode(words, out=out, xp=xp)
+    return _into(out, words.view(xp.float16), xp.float32)
 
 
 def _numpy_encode(src, factor, out, fmt):
     # In the source's precision, then float32: what the C loops do.
-    scaled = np.multiply(src, factor).astype(np.float32, copy=False)
-    if fmt == "bf16":
-        bf16_encode(scaled, out=out)
-    else:
-        out.view(np.float16)[...] = scaled
+    encode_words(np.multiply(src, factor).astype(np.float32, copy=False), fmt, out=out)
 
 
 def _numpy_decode(src, out, fmt):
-    if fmt == "bf16":
-        bf16_decode(src, out=out)
-    else:
-        np.copyto(out, src.view(np.float16), casting="unsafe")
+    decode_words(src, fmt, out=out)
 
 
 # -- the public functions ---------------------------------------------------------
 
 def encode(src, factor, out, fmt):
     """``out = fmt(src * factor)``; ``src`` float32 or float64, ``out`` uint16."""
-    _check(src)
-    _check(out, np.uint16)
-    if src.size != out.size:
-        raise ValueError("encode: %d values into %d slots" % (src.size, out.size))
+    _check_pair("encode", src, None, out, np.uint16)
     library = _load()
     if library is None or src.dtype not in (np.float32, np.float64):
         return _numpy_encode(src, factor, out, fmt)
@@ -320,10 +354,7 @@ def encode(src, factor, out, fmt):
 
 def decode(src, out, fmt):
     """``out = float32(src)`` for ``src`` holding ``fmt`` bits."""
-    _check(src, np.uint16)
-    _check(out, np.float32)
-    if src.size != out.size:
-        raise ValueError("decode: %d values into %d slots" % (src.size, out.size))
+    _check_pair("decode", src, np.uint16, out, np.float32)
     library = _load()
     if library is None:
         return _numpy_decode(src, out, fmt)
@@ -332,16 +363,10 @@ def decode(src, out, fmt):
 
 def accumulate(src, out, fmt):
     """``out += float32(src)``: partial sums stay in float32."""
-    _check(src, np.uint16)
-    _check(out, np.float32)
-    if src.size != out.size:
-        raise ValueError("accumulate: %d values into %d slots" % (src.size, out.size))
+    _check_pair("accumulate", src, np.uint16, out, np.float32)
     library = _load()
     if library is None:
-        if fmt == "bf16":
-            out += bf16_decode(src)
-        else:
-            out += src.view(np.float16)
+        out += decode_words(src, fmt)
         return
     library.tmpi_accumulate(_address(src), src.size, _address(out), fmt == "bf16")
 

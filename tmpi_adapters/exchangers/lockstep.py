@@ -21,7 +21,7 @@ import numpy as np
 from tmpi_adapters.errors import LockstepError
 from tmpi_adapters.exchangers import codecs
 from tmpi_adapters.exchangers.envelope import OUTSIDE, mismatch_message, token_limit
-from tmpi_adapters.exchangers.waiting import wait_for
+from tmpi_adapters.exchangers.waiting import START_SECONDS, wait_for
 
 #: Bytes of one rank's description in a mismatch report.
 _DESCRIPTION_BYTES = 240
@@ -173,7 +173,8 @@ class Lockstep:
         exchanger = self.exchanger
         if exchanger.size > 1 and self._control is None:
             control, request = exchanger.comm.Idup()
-            exchanger.wait_for(request.Test, "starting the exchanger")
+            exchanger.wait_for(request.Test, "starting the exchanger",
+                               max(exchanger.timeout or 0.0, START_SECONDS))
             self._control = control
 
     def close(self):

@@ -46,6 +46,7 @@ from tmpi_adapters.exchangers.base import (ANY_SOURCE, ANY_TAG, Exchanger, check
                                            check_reduce_op)
 from tmpi_adapters.exchangers.lockstep import Lockstep
 from tmpi_adapters.exchangers.plans import MPIRequest, Plan, split_counts
+from tmpi_adapters.exchangers.waiting import START_SECONDS
 from tmpi_adapters.pluginmanager import hookimpl
 
 ALGORITHMS = ("auto", "allreduce", "rsag")
@@ -55,6 +56,7 @@ ALGORITHM_ENV = "TMPI_ALLREDUCE_ALGORITHM"
 RSAG_MIN_BYTES = 512 * 1024
 #: Array signatures whose buffers are kept between calls.
 _MAX_PLANS = 32
+
 
 
 class MPIExchanger(Exchanger):
@@ -155,7 +157,8 @@ class MPIExchanger(Exchanger):
         ops : sequence of {"mean", "sum"}, optional
             Each array's own reduction (``op`` for all by default): a step's
             gradients (weighted means) and its metric accumulators (sums)
-            travel in one message.
+            travel in one message.  With a ``weight`` of 0 (a rank running
+            a padding row) this rank adds nothing to the sums either.
         total : float, optional
             The sum of every rank's ``weight``, when the caller knows it
             (the global batch's rows): no weight travels and nothing is
@@ -164,9 +167,12 @@ class MPIExchanger(Exchanger):
         check_reduce_op(op)
         precision = self.precision if precision is None else check_precision(precision)
         arrays = [np.asarray(a) for a in arrays]
-        ops = [op] * len(arrays) if ops is None else [check_reduce_op(o) for o in ops]
-        if weight is not None and "mean" not in ops:
-            raise ConfigError("a weight only makes sense with op='mean'")
+        if ops is None:
+            if weight is not None and op == "sum":
+                raise ConfigError("a weight only makes sense with op='mean'")
+            ops = [op] * len(arrays)
+        else:
+            ops = [check_reduce_op(o) for o in ops]
         if self.size == 1:
             if weight is not None:
                 self.stats.last_total_weight = float(weight)
@@ -185,7 +191,9 @@ class MPIExchanger(Exchanger):
                 mean = float(weight) / total
                 self.stats.last_total_weight = total
             plan = self._plan(arrays, precision, self.size + int(travels))
-            factors = [mean if o == "mean" else 1.0 for o in ops]
+            # A rank running a padding row (weight 0) adds nothing to sums either.
+            summed = 0.0 if weight == 0 else 1.0
+            factors = [mean if o == "mean" else summed for o in ops]
             for group in plan.groups:
                 self._reduce_group(group, arrays, factors, envelope,
                                    weight if travels else None, ops)
@@ -297,7 +305,8 @@ class MPIExchanger(Exchanger):
         they never meet a rule's sends and receives (``ANY_TAG`` included)."""
         if self._private is None:
             private, request = self.comm.Idup()
-            self.wait_for(request.Test, "starting the exchanger")
+            self.wait_for(request.Test, "starting the exchanger",
+                          max(self.timeout or 0.0, START_SECONDS))
             self._private = private
         return self._private
 

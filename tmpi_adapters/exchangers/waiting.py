@@ -19,6 +19,9 @@ import os
 import sys
 import time
 
+#: Seconds ranks may take to meet while starting (others may still be
+#: importing Theano or compiling): far longer than a step's wait.
+START_SECONDS = 600.0
 #: Seconds a patient wait polls without yielding the core.
 SPIN_SECONDS = 50e-6
 #: Polls between two looks at the clock for the deadline.

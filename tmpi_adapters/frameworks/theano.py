@@ -30,6 +30,7 @@ import numpy as np
 
 from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
 from tmpi_adapters.core.graph import ancestors, is_marker
+from tmpi_adapters.core.outputs import Combiner, classify
 from tmpi_adapters.core.protocol import ModelProtocol, variable_name
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.exchangers.envelope import Envelope
@@ -165,8 +166,9 @@ class TheanoAdapter(FrameworkAdapter):
             # Gradients used for something other than training (a norm to
             # monitor, a saliency map): plain values, no exchange.
             replace = {node.outputs[0]: node.inputs[0] for node in markers}
-            return self._observed(self.compile(*self._rebuilt(
-                bound, output_list, rebuild_outputs, update_pairs, replace, updates)), params)
+            compile_args, compile_kwargs = self._rebuilt(bound, output_list, rebuild_outputs,
+                                                         update_pairs, replace, updates)
+            return self._observed(self.compile(*compile_args, **compile_kwargs), params)
         return self._training_function(bound, output_list, rebuild_outputs, update_pairs,
                                        updates, markers, params_of)
 
@@ -180,16 +182,26 @@ class TheanoAdapter(FrameworkAdapter):
         return ObservedFunction(self.session, compiled, key, bool(params.get("updates")))
 
     def _rebuilt(self, bound, output_list, rebuild_outputs, update_pairs, replace, updates,
-                 givens=None):
+                 givens=None, step=None):
+        """``theano.function``'s arguments with ``replace`` made in the outputs
+        and updates (and ``givens`` swapped in).  With ``step`` (a
+        :class:`_StepExchange`), the outputs and updates it carries are taken
+        from the clone of its one exchange."""
         import theano
         graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
         graph += [expr for _, expr in update_pairs]
-        cloned = theano.clone(graph, replace=replace) if graph else []
+        extra = step.outputs if step is not None else []
+        # One clone of everything: the exchange's node is cloned once, so the
+        # step stays one collective however many places use its results.
+        cloned = theano.clone(graph + extra, replace=replace) if graph else []
+        if step is not None:
+            cloned = step.substitute(cloned[:len(graph)], cloned[len(graph):],
+                                     len(output_list), [var for var, _ in update_pairs])
         new_outputs = []
         for o, c in zip(output_list, cloned[:len(output_list)]):
             new_outputs.append(theano.Out(c, borrow=o.borrow) if isinstance(o, theano.Out) else c)
         new_updates = [(var, expr) for (var, _), expr in
-                       zip(update_pairs, cloned[len(output_list):])]
+                       zip(update_pairs, cloned[len(output_list):len(graph)])]
         if hasattr(updates, "items"):
             from collections import OrderedDict
             new_updates = OrderedDict(new_updates)
@@ -221,23 +233,20 @@ class TheanoAdapter(FrameworkAdapter):
         """
         return ModelProtocol(params, optimizer_state, model_state, name=key)
 
+    def accumulators(self, update_pairs):
+        """Shared variables among the updated ones that accumulate sums over
+        the batch (a framework's stateful metrics): each step adds the sum of
+        every rank's increment.  Adapters that know such variables override
+        this; none by default."""
+        return []
+
     def _training_function(self, bound, output_list, rebuild_outputs, update_pairs, updates,
                            markers, params):
         import theano
-        from tmpi_adapters.core.ops import FusedAllreduce
         session = self.session
         arguments = bound.arguments
         index = next(_function_ids)
         key = "%s#%d" % (arguments.get("name") or "train_fn", index)
-
-        if session.rule.exchanges == "gradients":
-            fused = FusedAllreduce(key, len(markers), exchange=session.exchange_gradients,
-                                   borrowed=session.size > 1)(
-                *[node.inputs[0] for node in markers])
-            fused = fused if isinstance(fused, (list, tuple)) else [fused]
-            replace = {node.outputs[0]: out for node, out in zip(markers, fused)}
-        else:
-            replace = {node.outputs[0]: node.inputs[0] for node in markers}
 
         inputs = list(arguments.get("inputs") or [])
         data = set(_input_variables(inputs))
@@ -254,6 +263,25 @@ class TheanoAdapter(FrameworkAdapter):
                 optimizer_state.append(var)
             else:
                 model_state.append(var)
+        graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
+        graph += [expr for _, expr in update_pairs]
+        model = self.make_model(key, params, optimizer_state, model_state, graph, data)
+        # Names for the recorder's loss/accuracy curves (None where unnamed).
+        model.output_names = [getattr(getattr(o, "variable", o), "name", None)
+                              for o in output_list]
+        # The exchanged gradients' order, for messages about them.
+        model.gradient_names = [variable_name(node.op.wrt, i) for i, node in enumerate(markers)]
+
+        outputs = graph[:len(output_list)]
+        kinds = [classify(o, data, self._default_kind()) for o in outputs]
+        step = None
+        if session.rule.exchanges == "gradients" and (session.size > 1 or
+                                                      session.watches_exchanges()):
+            step = _StepExchange(self, key, markers, outputs, kinds, update_pairs, model,
+                                 marker_outputs)
+            replace = step.replace
+        else:
+            replace = {node.outputs[0]: node.inputs[0] for node in markers}
 
         sliced, new_givens = [], None
         if given_pairs and self.batch_mode() == "rows":
@@ -269,7 +297,8 @@ class TheanoAdapter(FrameworkAdapter):
             if sliced:
                 new_givens = type(givens)(new_pairs) if hasattr(givens, "items") else new_pairs
         compile_args, compile_kwargs = self._rebuilt(bound, output_list, rebuild_outputs,
-                                                     update_pairs, replace, updates, new_givens)
+                                                     update_pairs, replace, updates, new_givens,
+                                                     step=step)
         if sliced and compile_kwargs.get("on_unused_input") is None:
             # The batch index now only feeds the slice bounds computed outside.
             compile_kwargs["on_unused_input"] = "ignore"
@@ -279,21 +308,21 @@ class TheanoAdapter(FrameworkAdapter):
             bounds_fn = self._original_function(
                 inputs, [v for s in sliced for v in (s.start, s.stop, s.length)],
                 on_unused_input="ignore", allow_input_downcast=True)
-        graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
-        graph += [expr for _, expr in update_pairs]
-        model = self.make_model(key, params, optimizer_state, model_state, graph, data)
-        # Names for the recorder's loss/accuracy curves (None where unnamed).
-        model.output_names = [getattr(getattr(o, "variable", o), "name", None)
-                              for o in output_list]
-        # The exchanged gradients' order, for messages about them.
-        model.gradient_names = [variable_name(node.op.wrt, i) for i, node in enumerate(markers)]
+        # What the step's exchange did not combine is combined after the call.
+        after = [None if step is not None and i in step.carried else kind
+                 for i, kind in enumerate(kinds)]
         function_class = self.function_class or DistributedFunction
         function = function_class(self, compiled, model, sliced, bounds_fn,
-                                  single_output=rebuild_outputs.single)
+                                  single_output=rebuild_outputs.single,
+                                  combiner=Combiner(session, after))
         model.train_fn = function
         session.register_model(model)
         self.functions.append(function)
         return function
+
+    def _default_kind(self):
+        """How a scalar output the graph does not explain combines."""
+        return "sum" if self.session.options.loss_reduction == "sum" else "mean"
 
     def batch_mode(self):
         """How training calls share work across ranks.
@@ -316,6 +345,69 @@ class TheanoAdapter(FrameworkAdapter):
                 "script builds its updates from theano.grad (or a framework optimizer) and "
                 "that --framework matches the script."
                 % self.session.functions_compiled)
+
+
+class _StepExchange:
+    """The one exchange of a training step: its gradients and riders.
+
+    Riders are what else the step computes that the ranks must agree on,
+    carried in the same message instead of exchanges of their own: scalar
+    outputs that are means or sums over the batch (``--outputs averaged``),
+    model state updated from the batch (BatchNorm statistics, averaged), the
+    increments of accumulators (summed).  Only values computed without the
+    gradients ride: those computed from the exchanged gradients are already
+    the same on every rank.
+    """
+
+    def __init__(self, adapter, key, markers, outputs, kinds, update_pairs, model,
+                 marker_outputs):
+        from tmpi_adapters.core.ops import FusedAllreduce
+        session = adapter.session
+        gradient_op = "sum" if session.options.loss_reduction == "sum" else "mean"
+        arrays = [node.inputs[0] for node in markers]
+        ops = [gradient_op] * len(arrays)
+        self.carried = {}   # output index -> position in the exchange
+        self.states = {}    # id(updated variable) -> (position, accumulates)
+        if session.size > 1:
+            def rides(expr):
+                return not (set(ancestors([expr])) & marker_outputs)
+            if session.options.outputs == "averaged":
+                for i, (output, kind) in enumerate(zip(outputs, kinds)):
+                    if kind in ("mean", "sum") and output.ndim == 0 and rides(output):
+                        self.carried[i] = len(arrays)
+                        arrays.append(output)
+                        ops.append(kind)
+            sums = {id(v) for v in adapter.accumulators(update_pairs)}
+            state = {id(v) for v in model.model_state}
+            for var, expr in update_pairs:
+                if id(var) in sums and rides(expr):
+                    self.states[id(var)] = (len(arrays), True)
+                    arrays.append(expr - var)
+                    ops.append("sum")
+                elif id(var) in state and rides(expr):
+                    self.states[id(var)] = (len(arrays), False)
+                    arrays.append(expr)
+                    ops.append("mean")
+            model.averaged_state = [v for v in model.model_state if id(v) in self.states]
+        fused = FusedAllreduce(key, ops, gradients=len(markers),
+                               exchange=session.exchange_gradients,
+                               borrowed=session.size > 1)(*arrays)
+        self.outputs = list(fused) if isinstance(fused, (list, tuple)) else [fused]
+        self.replace = {node.outputs[0]: out for node, out in zip(markers, self.outputs)}
+
+    def substitute(self, cloned, exchanged, n_outputs, updated):
+        """The cloned outputs and update expressions, with what the exchange
+        carried taken from its (cloned) results."""
+        result = list(cloned)
+        for index, position in self.carried.items():
+            result[index] = exchanged[position]
+        for k, var in enumerate(updated):
+            found = self.states.get(id(var))
+            if found is not None:
+                position, accumulates = found
+                result[n_outputs + k] = (var + exchanged[position]) if accumulates \
+                    else exchanged[position]
+        return result
 
 
 def _input_variables(inputs):

@@ -259,13 +259,13 @@ def wait_for_every_rank(options, size):
     def too_long(what, waited, frame):
         cores = os.cpu_count() or 1
         raise StallError(
-            "not every one of the %d ranks started within %.0f s (--stall-timeout). "
+            "not every one of the %d ranks started within %.0f s (--start-timeout). "
             "%sCheck the launcher's options (--mpiexec, --mpiexec-arg), or give the "
-            "ranks more time with --stall-timeout." % (
+            "ranks more time with --start-timeout." % (
                 size, waited, "%d ranks share %d cores here, so each starts slowly: use "
                 "fewer ranks (-n). " % (size, cores) if size > 2 * cores else ""))
 
-    wait_for(MPI.COMM_WORLD.Ibarrier().Test, "the start of every rank", options.stall_timeout,
+    wait_for(MPI.COMM_WORLD.Ibarrier().Test, "the start of every rank", options.start_timeout,
              too_long, crowded=oversubscribed(size))
 
 

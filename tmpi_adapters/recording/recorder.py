@@ -35,8 +35,9 @@ class Recorder:
     Attributes
     ----------
     steps : list of tuple
-        ``(compute_s, comm_s, wait_s, data_s, samples)`` per step, where
-        ``samples`` counts the rows of every rank.
+        ``(compute_s, comm_s, wait_s, data_s, samples, collectives)`` per
+        step, where ``samples`` counts the rows of every rank and
+        ``collectives`` the exchanger's collectives the step issued.
     last : dict or None
         The latest step's record (what ``--record`` writes).
     last_summary : dict or None
@@ -82,7 +83,8 @@ class Recorder:
         # (sum reduction, parameter rules) assume every rank ran as many.
         total_weight = stats["last_total_weight"]
         global_samples = total_weight if total_weight else samples * self.session.size
-        self.steps.append((compute, comm, wait, self._data, global_samples))
+        self.steps.append((compute, comm, wait, self._data, global_samples,
+                           stats["collectives"]))
         busy = compute + comm + wait + self._data
         self.last = {
             "type": "step",
@@ -94,6 +96,7 @@ class Recorder:
             "samples_per_s": global_samples / busy if busy > 0 else None,
             "transfer_s": min(stats["transfer_s"], comm),
             "wire_bytes": stats["wire_bytes"],
+            "collectives": stats["collectives"],
             "outputs": scalar_outputs(outputs, model.output_names if model is not None else None),
         }
         self._last_end = now
@@ -126,6 +129,7 @@ class Recorder:
             "exchange_s": float(avg[1] + avg[2]),
             "samples": int(round(samples)),
             "samples_per_s": float(samples / avg[4]) if avg[4] > 0 else float("nan"),
+            "collectives_per_step": float(np.median(data[:, 5])),
         }
         return self.last_summary
 
@@ -135,9 +139,13 @@ class Recorder:
             "%s %.2f ms (%.0f%%)" % (p, summary[p + "_s"] * 1e3,
                                      100.0 * summary[p + "_s"] / step if step > 0 else 0.0)
             for p in PHASES)
-        return ("tmpi: %d steps on %d rank(s), %.0f samples/s; median step %.2f ms = %s"
+        text = ("tmpi: %d steps on %d rank(s), %.0f samples/s; median step %.2f ms = %s"
                 % (summary["steps"], summary["ranks"], summary["samples_per_s"], step * 1e3,
                    parts))
+        if summary["ranks"] > 1:
+            count = summary["collectives_per_step"]
+            text += "; %g collective%s per step" % (count, "" if count == 1 else "s")
+        return text
 
 
 def scalar_outputs(values, names=None):

@@ -139,9 +139,8 @@ class NonFiniteGuard:
                 % (step, model.name, self.session.rank, "; ".join(parts)), None)
 
     def _stop_message(self, text):
-        checkpointer = getattr(self.reliability, "checkpointer", None)
-        last = getattr(checkpointer, "last_written", None) or getattr(
-            checkpointer, "resumed_from", None)
+        checkpointer = self.reliability.checkpointer if self.reliability else None
+        last = checkpointer and (checkpointer.last_written or checkpointer.resumed_from)
         advice = ("Lower the learning rate, check the data for NaN/Inf, or pass "
                   "--nonfinite skip to skip such steps.")
         if last:

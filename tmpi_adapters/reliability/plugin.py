@@ -10,50 +10,21 @@ A built-in plugin.  Its options (``tmpi wrap --help``, or keyword arguments of
     --on-stall report|abort       what a stall does after --stall-timeout
     --nonfinite stop|skip|off     NaN/Inf in exchanged gradients or parameters
 
-The pieces live in :mod:`~tmpi_adapters.reliability.watchdog` (heartbeats and stall
-reports), :mod:`~tmpi_adapters.reliability.checkpoint.checkpointer` (checkpoint files, exact resume by
-replay) and :mod:`~tmpi_adapters.reliability.nonfinite`; failed and killed ranks are
-handled by :mod:`~tmpi_adapters.launch.runtime` and :mod:`~tmpi_adapters.launch.launcher`.
+The pieces live in :mod:`~tmpi_adapters.reliability.watchdog` (heartbeats and
+stall reports), :mod:`~tmpi_adapters.reliability.checkpoint` (checkpoint files,
+exact resume by replay) and :mod:`~tmpi_adapters.reliability.nonfinite`;
+failed and killed ranks are handled by :mod:`~tmpi_adapters.launch.runtime`
+and :mod:`~tmpi_adapters.launch.launcher`.
 """
 import argparse
 import dataclasses
-import re
 
 from tmpi_adapters.errors import ConfigError
 from tmpi_adapters.pluginmanager import hookimpl
+from tmpi_adapters.reliability.checkpoint.policy import parse_every
 
 ON_STALL = ("report", "abort")
 NONFINITE = ("stop", "skip", "off")
-
-#: ``--checkpoint-every`` units and what one of them is (steps, epochs, seconds).
-_UNITS = {"": "steps", "step": "steps", "steps": "steps", "epoch": "epochs",
-          "epochs": "epochs", "s": "seconds", "sec": "seconds", "min": "seconds",
-          "h": "seconds"}
-_SECONDS = {"s": 1, "sec": 1, "min": 60, "h": 3600}
-
-#: Without ``--checkpoint-every``: at the end of every epoch, but not more
-#: often than :data:`DEFAULT_MIN_GAP` seconds, and at least every
-#: :data:`DEFAULT_MAX_GAP` seconds (for scripts whose epochs tmpi cannot see).
-DEFAULT_MIN_GAP = 60.0
-DEFAULT_MAX_GAP = 1800.0
-
-
-def parse_every(text):
-    """``"500"``/``"500steps"`` -> ``(500, "steps")``; ``"2epochs"`` -> ``(2, "epochs")``;
-    ``"10min"`` -> ``(600, "seconds")``.  Raises :class:`ConfigError` otherwise."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", str(text).lower())
-    if not match or match.group(2) not in _UNITS:
-        raise ConfigError("--checkpoint-every must be a number of steps, epochs or time "
-                          "(e.g. 500, 500steps, 2epochs, 30min, 1h), not %r" % (text,))
-    number, unit = float(match.group(1)), match.group(2)
-    kind = _UNITS[unit]
-    if kind == "seconds":
-        number *= _SECONDS[unit]
-    elif number != int(number):
-        raise ConfigError("--checkpoint-every %s: a number of %s must be whole" % (text, kind))
-    if number <= 0:
-        raise ConfigError("--checkpoint-every must be positive, not %r" % (text,))
-    return (number if kind == "seconds" else int(number)), kind
 
 
 @dataclasses.dataclass
@@ -155,23 +126,33 @@ class Reliability:
 
     The pieces that are active register themselves too, each for the hooks
     it needs: the :class:`~tmpi_adapters.reliability.watchdog.Watchdog`
-    (``tmpi_stall``, ``tmpi_after_step``), the
-    :class:`~tmpi_adapters.reliability.nonfinite.NonFiniteGuard`
-    (``tmpi_after_exchange``, ``tmpi_after_step``) and the
-    :class:`~tmpi_adapters.reliability.checkpoint.checkpointer.Checkpointer`
-    (``tmpi_call``, ``tmpi_before_finish``, ``tmpi_after_step``).
+    when heartbeats run (``tmpi_stall``, ``tmpi_after_step``), the
+    :class:`~tmpi_adapters.reliability.nonfinite.NonFiniteGuard` unless
+    ``--nonfinite off`` (``tmpi_after_exchange``, ``tmpi_after_step``) and
+    the :class:`~tmpi_adapters.reliability.checkpoint.checkpointer.Checkpointer`
+    with ``--checkpoint-dir`` or ``--resume`` (``tmpi_call``,
+    ``tmpi_before_finish``, ``tmpi_after_step``).  All of them are
+    unregistered at ``tmpi_session_end``, or at once when starting fails.
     """
 
     def __init__(self, session, settings):
-        self.session = session
-        self.settings = settings
-        self.control = None
-        self.watchdog = None
-        self.checkpointer = None
-        self.guard = None
+        self.session, self.settings = session, settings
+        #: The pieces; ``None`` until started, or when not active.
+        self.control = self.watchdog = self.guard = self.checkpointer = None
 
     def start(self):
-        session = self.session
+        """Start and register the active pieces; undo it all if one fails
+        (the session never learns of a start that failed, so it would never
+        end this one)."""
+        try:
+            self._start()
+        except BaseException as error:  # noqa: B902 - undone, then re-raised
+            self._end(error)
+            raise
+        return self
+
+    def _start(self):
+        session, settings = self.session, self.settings
         from tmpi_adapters.reliability.watchdog import Watchdog
         heartbeats = session.size > 1 and Watchdog.threads_supported()
         if heartbeats:
@@ -179,41 +160,31 @@ class Reliability:
             # script's or the rule's by accident.
             self.control = session.comm.Dup()
         session.pm.register(self)
-        self.watchdog = Watchdog(session, on_stall=self.settings.on_stall,
-                                 heartbeats=heartbeats).start()
-        session.pm.register(self.watchdog)
-        if self.settings.nonfinite != "off":
+        self.watchdog = Watchdog(session, on_stall=settings.on_stall, heartbeats=heartbeats)
+        self.watchdog.start()
+        if heartbeats:
+            # Without heartbeats nobody could be told of a stall: the
+            # exchanger's own StallError (with its advice) is the answer.
+            session.pm.register(self.watchdog)
+        if settings.nonfinite != "off":
             from tmpi_adapters.reliability.nonfinite import NonFiniteGuard
-            self.guard = NonFiniteGuard(session, self.settings.nonfinite, self)
+            self.guard = NonFiniteGuard(session, settings.nonfinite, self)
             session.pm.register(self.guard)
-        if self.settings.checkpointing or self.settings.resume:
+        if settings.checkpointing or settings.resume:
             from tmpi_adapters.reliability.checkpoint.checkpointer import Checkpointer
-            self.checkpointer = Checkpointer(session, self.settings, self.control).start()
+            self.checkpointer = Checkpointer(session, settings, self.control)
+            self.checkpointer.start()
             session.pm.register(self.checkpointer)
-
-    @hookimpl(trylast=True)
-    def tmpi_before_finish(self, session):
-        """Every rank reaches the end of the script before the end-of-run exchanges.
-
-        Under a gradient rule every step is a collective, so a rank that runs
-        out of batches early would otherwise pair its end-of-run exchanges
-        with the others' gradient exchange; here it waits on a communicator
-        of its own, and a stall names who is still training.  (Parameter
-        rules, asynchronous ones above all, drain their messages in
-        ``finish``: a barrier before it could starve them.)
-        """
-        if session is not self.session or self.control is None:
-            return
-        if session.rule.exchanges != "gradients":
-            return
-        self.watchdog.phase = "finishing"
-        self.watchdog.wait(self.control.Ibarrier(), "the end of the script (barrier)")
 
     @hookimpl
     def tmpi_session_end(self, session, error):
-        if session is not self.session:
-            return
-        failed = error
+        if session is self.session:
+            self._end(error)
+
+    def _end(self, error):
+        """Write the final checkpoint (after success), unregister every piece,
+        stop the watchdog (the ranks meet there only when all is well)."""
+        pm, failed = self.session.pm, error
         try:
             if self.checkpointer is not None:
                 self.checkpointer.end(error)
@@ -222,8 +193,8 @@ class Reliability:
             raise
         finally:
             for piece in (self.checkpointer, self.guard, self.watchdog, self):
-                if piece is not None and session.pm.is_registered(piece):
-                    session.pm.unregister(piece)
+                if piece is not None and pm.is_registered(piece):
+                    pm.unregister(piece)
             if self.watchdog is not None:
                 self.watchdog.stop(together=failed is None)
 

@@ -32,8 +32,6 @@ from tmpi_adapters.pluginmanager import hookimpl
 #: The tag of heartbeat messages on the watchdog's own communicator.
 HEARTBEAT_TAG = 7301
 
-ON_STALL = ("report", "abort")
-
 
 def format_ranks(ranks):
     """``[0, 1, 2, 5]`` -> ``"ranks 0-2, 5"``; ``[3]`` -> ``"rank 3"``."""
@@ -155,6 +153,11 @@ def stall_report(statuses, reporter, now, interval, on_stall):
     return "\n".join(lines)
 
 
+def _give_up(what, waited, frame):
+    """The end of a wait that may simply end (see :meth:`Watchdog.stop`)."""
+    raise TimeoutError("gave up waiting %.1f s for %s" % (waited, what))
+
+
 class Watchdog:
     """Heartbeats, stall reports and the launcher check of one rank.
 
@@ -195,7 +198,12 @@ class Watchdog:
         return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
     def start(self):
-        """Duplicate the communicator (collective), take over stalls, start the thread."""
+        """Duplicate the communicator (collective) and start the thread.
+
+        Stalls reach the watchdog through ``tmpi_stall`` once it is
+        registered with the session's plugin manager (see
+        :class:`~tmpi_adapters.reliability.plugin.Reliability`).
+        """
         if self.heartbeats:
             self.comm = self.session.comm.Dup()
         if self.heartbeats or self.launcher:
@@ -217,22 +225,25 @@ class Watchdog:
         self.phase = "finished"
         if self.comm is None:
             return
-        deadline = time.monotonic() + 2.0
-        while self._sends and time.monotonic() < deadline:
-            self._sends = [r for r in self._sends if not r.Test()]
-            time.sleep(0.001)
+        self._wait_at_most(self._sent, "the last heartbeats to be sent", 2.0)
         if together:
-            barrier = self.comm.Ibarrier()
-            deadline = time.monotonic() + self.timeout
-            while not barrier.Test() and time.monotonic() < deadline:
-                time.sleep(0.001)
+            self._wait_at_most(self.comm.Ibarrier().Test, "the other ranks' watchdogs",
+                               self.timeout)
             self._receive()
+
+    def _wait_at_most(self, test, what, seconds):
+        """Wait until ``test()`` or for ``seconds``, whichever comes first:
+        at the end of a run a late rank is no stall to report."""
+        try:
+            wait_for(test, what, seconds, _give_up, crowded=oversubscribed(self.size))
+        except TimeoutError:
+            pass
 
     # -- what the main thread tells it ------------------------------------------------
     @hookimpl
     def tmpi_stall(self, session, what, waited, frame):
         """A wait of this rank passed the stall timeout: note it (the thread
-        reports it) and keep waiting, when heartbeats run."""
+        reports it) and keep waiting (registered only while heartbeats run)."""
         if session is not self.session:
             return None
         self.on_stall(what, waited, frame)
@@ -276,10 +287,14 @@ class Watchdog:
             phase, model, step = "step", stepping.name, stepping.step
         else:
             phase, (model, step) = self.phase, self.last_step
+            if phase == "script" and session.finishing:
+                phase = "finishing"
         now = time.time()
+        lockstep = session.exchanger.lockstep
+        collective = dict(lockstep.current) if lockstep and lockstep.current else None
         return {
             "rank": self.rank, "host": self.host, "pid": os.getpid(), "time": now,
-            "phase": phase, "model": model, "step": step,
+            "phase": phase, "model": model, "step": step, "collective": collective,
             "stall": None if stall is None else {"what": stall["what"],
                                                  "waited": now - stall["since"]},
             "reported": self._last_report is not None and stall is not None,
@@ -304,6 +319,7 @@ class Watchdog:
             self._receive()
         if self.launcher and not self._launcher_alive():
             self._launcher_gone()
+        self._check_lockstep(mine)
         if mine["stall"] is None:
             self._last_report = None
             return
@@ -311,10 +327,15 @@ class Watchdog:
 
     def _send(self, status):
         # Pickled sends keep their buffer alive in the request until done.
-        self._sends = [r for r in self._sends if not r.Test()]
+        self._sent()
         for rank in range(self.size):
             if rank != self.rank:
                 self._sends.append(self.comm.isend(status, dest=rank, tag=HEARTBEAT_TAG))
+
+    def _sent(self):
+        """Forget the heartbeats that have left; True when none is in flight."""
+        self._sends = [r for r in self._sends if not r.Test()]
+        return not self._sends
 
     def _receive(self):
         from mpi4py import MPI
@@ -354,6 +375,37 @@ class Watchdog:
         if self.on_stall_action == "abort":
             mark(self.rank, "failed", "StallError")
             self._abort(StallError.exit_code)
+
+    def _check_lockstep(self, mine):
+        """End the job when this rank and another wait in collectives that
+        cannot match: the same collective number, different envelopes, both
+        for longer than a heartbeat (a size mismatch that MPI never completes).
+
+        The lowest such rank reports; the check needs no stall timeout.
+        """
+        now = time.time()
+        ours = mine.get("collective")
+        if not ours or ours.get("token") is None or now - ours["since"] < self.interval:
+            return
+        apart = {}
+        for rank, status in self.statuses.items():
+            theirs = status.get("collective") if status else None
+            if (rank == self.rank or not theirs or theirs.get("token") is None
+                    or theirs["sequence"] != ours["sequence"]
+                    or theirs["token"] == ours["token"]
+                    or status["time"] - theirs["since"] < self.interval):
+                continue
+            apart[rank] = theirs["description"]
+        if not apart or min(apart) < self.rank:
+            return
+        apart[self.rank] = ours["description"]
+        from tmpi_adapters.errors import LockstepError
+        from tmpi_adapters.exchangers.envelope import mismatch_message
+        from tmpi_adapters.launch.runtime import mark, report
+        text = "tmpi: error: %s" % mismatch_message(apart, self.rank)
+        report(text)
+        mark(self.rank, "failed", text)
+        self._abort(LockstepError.exit_code)
 
     # -- the launching process ------------------------------------------------------------
     def _launcher_to_watch(self):

@@ -18,8 +18,7 @@ first element, and an end that loses no message.
 import numpy as np
 
 from tmpi_adapters.exchangers.base import ANY_SOURCE
-from tmpi_adapters.core.protocol import read_values
-from tmpi_adapters.rules.base import PerModel, flat_size, pack, unpack
+from tmpi_adapters.rules.base import PerModel, copies, flat_size, pack, unpack
 
 
 class Mailbox:
@@ -175,6 +174,8 @@ class HolderExchange(PerModel):
     :meth:`take_done` and :meth:`before_end`; on a worker :meth:`pushed`,
     :meth:`take_answer` and, optionally, :meth:`last_pushed`; on both
     :meth:`adopt`.  Messages go up on tag ``tag`` and down on ``tag + 1``.
+    Checkpoints keep the center (:meth:`state_dict`); a subclass with more
+    state extends both methods.
 
     Parameters
     ----------
@@ -185,15 +186,13 @@ class HolderExchange(PerModel):
 
     def __init__(self, rule, model, tag):
         super().__init__(rule, model, tag)
-        #: The model's shared variables, parameters then state.
-        self.variables = model.params + model.model_state
         self.up, self.down = tag, tag + 1
-        values = read_values(self.variables)
+        values = self.values()
         self.mailbox = Mailbox(rule.exchanger, values, header=2)  # kind, unused
         self.holds_center = rule.rank == HOLDER
         #: The holder's parameters (a copy of the model's after the identical
         #: start); empty on a worker.
-        self.center = [np.array(a, copy=True) for a in values] if self.holds_center else []
+        self.center = copies(values) if self.holds_center else []
         self.finished = False
         self.pending = None  # the (request, buffer) of the answer a worker awaits
         self.due = False     # an exchange fell due while one was in flight
@@ -236,6 +235,17 @@ class HolderExchange(PerModel):
         """Training ended with ``center`` (the holder's :attr:`center`, or the
         arrays it sent); copy what is kept."""
         raise NotImplementedError
+
+    # -- checkpoints -------------------------------------------------------------------
+    def state_dict(self):
+        """The center, on the holder; ``None`` on a worker."""
+        return {"center": copies(self.center)} if self.holds_center else None
+
+    def load_state_dict(self, state):
+        """Take a checkpoint's center, on the holder (every rank loads rank 0's
+        state, and only the holder has a center)."""
+        if self.holds_center and state.get("center") is not None:
+            self.center = copies(state["center"])
 
     # -- the protocol ------------------------------------------------------------------
     def poll(self):

@@ -8,14 +8,17 @@ What every rule needs besides its algorithm lives here, so that a new rule
 is the paper's algorithm and nothing else:
 
 * gradient rules (``exchanges = "gradients"``) get the exact exchange of
-  :meth:`Rule.reduce_gradients` (a weighted mean over the ranks' rows, or a
-  sum under ``--loss-reduction sum``), and the averaging of each model's
-  state (BatchNorm statistics) after every step;
+  :meth:`Rule.reduce_gradients` (one collective for everything the step
+  must agree on, each part reduced the way tmpi read from the graph and
+  ``--loss-reduction``), and the averaging of each model's state
+  (BatchNorm statistics) that the step did not carry;
 * per-model state: a rule that sets :attr:`Rule.per_model` gets one
   :class:`PerModel` object per training function, made after the identical
   start, polled, finished and checkpointed for it;
-* :meth:`Rule.poll`, :meth:`Rule.wait_until`, and the helpers that pack a
-  whole model into one message (:func:`pack`, :func:`unpack`).
+* :meth:`Rule.poll`, :meth:`Rule.wait_until`, and the helpers that read,
+  write and copy a model's values (:meth:`PerModel.values`,
+  :meth:`PerModel.assign`, :func:`copies`) or pack a whole model into one
+  message (:func:`pack`, :func:`unpack`).
 """
 import numpy as np
 
@@ -36,6 +39,25 @@ class PerModel:
         self.rule = rule
         self.model = model
         self.tag = tag
+        #: What a parameter rule combines: the model's parameters, then its
+        #: state (BatchNorm statistics), in the order every rank shares.
+        self.variables = model.params + model.model_state
+
+    def values(self):
+        """The arrays behind :attr:`variables`, not copied: read them, or
+        :func:`copies` of them to keep."""
+        return read_values(self.variables)
+
+    def assign(self, arrays):
+        """Make ``arrays`` the values of :attr:`variables`, each in its
+        variable's dtype.
+
+        An array already of that dtype is stored itself, not a copy (what
+        Theano then updates in place): pass :func:`copies` of arrays the rule
+        keeps, such as a center variable.
+        """
+        write_values(self.variables, [np.asarray(a, dtype=np.asarray(old).dtype)
+                                      for a, old in zip(arrays, self.values())])
 
     def poll(self):
         """Handle what has arrived, without waiting; returns how many messages."""
@@ -137,27 +159,31 @@ class Rule:
         state = self.models.get(model)
         return state.poll() if state is not None else 0
 
-    def reduce_gradients(self, grads, weight):
-        """Combine this step's gradients (numpy arrays) across ranks.
+    def reduce_gradients(self, arrays, weight, ops=None, total=None):
+        """Combine one step's exchanged arrays across ranks.
 
         Called for gradient rules only, from inside the compiled training
-        function, once per step on every rank; ``weight`` is this rank's rows
-        in the step.  The default is the exact exchange: the mean weighted by
-        rows (N ranks then take the one-process step), or the plain sum when
-        the script's loss sums over the batch (``--loss-reduction sum``).
-        Returns the arrays to use.
+        function, once per step on every rank.  ``arrays`` are the step's
+        gradients, then what else the step exchanges (returned losses and
+        metrics, model state, metric increments); ``ops`` says how each
+        combines (``"mean"`` weighted by rows, or ``"sum"``: tmpi decided it
+        from the graph and ``--loss-reduction``); ``weight`` is this rank's
+        rows and ``total``, when known, every rank's.  The default is the
+        exact exchange in one collective: N ranks then take the one-process
+        step.  Returns the arrays to use, in order.
         """
-        if self.session.options.loss_reduction == "sum":
-            return self.exchanger.allreduce(grads, op="sum")
-        return self.exchanger.allreduce(grads, op="mean", weight=weight)
+        return self.exchanger.allreduce(arrays, ops=ops, weight=weight, total=total)
 
     def end_step(self, model, samples):
         """What the session calls after each step: :meth:`after_step`, then,
         under a gradient rule, the model's state (statistics each rank
         computed from its own rows) averaged over the ranks' rows."""
         self.after_step(model, samples)
-        if self.exchanges == "gradients" and model.model_state:
-            self.average(model.model_state, weight=samples)
+        if self.exchanges == "gradients":
+            inside = {id(v) for v in model.averaged_state}
+            state = [v for v in model.model_state if id(v) not in inside]
+            if state:
+                self.average(state, weight=samples)
 
     def state_dict(self):
         """Everything a checkpoint keeps of this rule."""
@@ -207,6 +233,12 @@ class Rule:
             When ``timeout`` passes and nothing chooses to keep waiting.
         """
         self.exchanger.wait_for(condition, what, timeout)
+
+
+def copies(arrays):
+    """Copies of ``arrays`` that nothing else writes to (a center variable,
+    the parameters a rank last pulled)."""
+    return [np.array(a, copy=True) for a in arrays]
 
 
 def flat_size(arrays):

@@ -26,22 +26,87 @@ and keeps the steps it took meanwhile when the fresh parameters arrive (they
 are part of its next push).  An exchange that falls due while the previous
 one is unanswered is made as soon as the answer is in.  Every step of every
 rank reaches the center exactly once, including the last ones, which
-:meth:`ASGD.finish` pushes.  Rank 0 trains too and exchanges locally.
+:meth:`Downpour.finish` pushes.  Rank 0 trains too and exchanges locally.
 """
-import numpy as np
-
-from tmpi_adapters.options import Knob, positive
-from tmpi_adapters.core.protocol import read_values, write_values
-from tmpi_adapters.rules.base import Rule
+from tmpi_adapters import Knob, Rule
+from tmpi_adapters.options import positive
 from tmpi_adapters.rules.asynchronous import HolderExchange
-
-#: Tags of the first model: workers to holder, holder to workers; each further
-#: model uses the next pair, so the messages of different models never mix.
-BASE_TAG = 22000
+from tmpi_adapters.rules.base import copies
 
 
-def _copies(arrays):
-    return [np.array(a, copy=True) for a in arrays]
+class Downpour(HolderExchange):
+    """The push/pull exchange of one model, on rank 0 or on a worker.
+
+    Rank 0's :attr:`center` is the global parameters; a push carries the
+    pusher's accumulated update and is answered with the global parameters.
+
+    The end (:meth:`finish`): a worker waits for the answer to its last
+    push, sends its remaining accumulated update marked ``DONE`` and
+    receives the final parameters.  Rank 0 applies pushes until every worker
+    is done (workers that train longer keep exchanging meanwhile), then
+    sends each the result.  A checkpoint keeps the accumulated update, and
+    the global parameters on rank 0.
+    """
+
+    def __init__(self, rule, model, tag):
+        super().__init__(rule, model, tag)
+        # After the identical start every rank holds the global parameters.
+        self.pulled = copies(self.values())
+        self.at_push = None  # a worker's parameters when it last pushed
+
+    # -- state ---------------------------------------------------------------------
+    def accumulated(self):
+        """``x - pulled``: this rank's steps not yet pushed."""
+        return [x - p for x, p in zip(self.values(), self.pulled)]
+
+    def state_dict(self):
+        return dict(super().state_dict() or {}, accumulated=self.accumulated())
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        if "accumulated" in state:
+            self.pulled = [x - a for x, a in zip(self.values(), state["accumulated"])]
+
+    def adopt(self, center):
+        """Set the model to the global parameters; nothing accumulated."""
+        self.assign(copies(center))
+        self.pulled = copies(center)
+
+    # -- rank 0 ----------------------------------------------------------------------
+    def _apply(self, update):
+        scale = self.rule.update_scale
+        self.center = [c + scale * u for c, u in zip(self.center, update)]
+        self.rule.pushes += 1
+
+    def answer(self, update):
+        self._apply(update)
+        return self.center
+
+    def take_done(self, message):
+        self._apply(self.mailbox.arrays(message))  # the worker's last steps
+
+    def exchange_locally(self):
+        self._apply(self.accumulated())
+        self.adopt(self.center)
+
+    def before_end(self):
+        self.exchange_locally()  # rank 0's last steps reach the center too
+
+    # -- a worker ----------------------------------------------------------------------
+    def pushed(self):
+        self.at_push = copies(self.values())
+        return self.accumulated()
+
+    def take_answer(self, fresh):
+        # Keep the steps taken while the push travelled: they are not in
+        # `fresh` yet and will be part of the next push.
+        since = [x - a for x, a in zip(self.values(), self.at_push)]
+        self.assign([f + s for f, s in zip(fresh, since)])
+        self.pulled = fresh
+        self.rule.pushes += 1
+
+    def last_pushed(self):
+        return self.accumulated()
 
 
 class ASGD(Rule):
@@ -68,125 +133,16 @@ class ASGD(Rule):
                              "rank 0 adds update_scale * each pushed update (default 1/N: "
                              "the workers' average step; 1: Downpour's plain sum)", positive),
     }
+    per_model = Downpour
 
     def __init__(self, session, **options):
         super().__init__(session, **options)
-        self._holders = {}
-        self._restored = {}
         #: Pushes this rank made (answered ones, on workers) or applied (rank 0,
         #: its own included).
         self.pushes = 0
 
-    # -- the Rule interface --------------------------------------------------
-    def start(self, model):
-        downpour = Downpour(self, model, BASE_TAG + 2 * len(self._holders))
-        self._holders[model] = downpour
-        if model.name in self._restored:
-            downpour.load(self._restored[model.name])
-
     def after_step(self, model, samples):
-        downpour = self._holders[model]
-        downpour.poll()
+        # A worker takes the fresh parameters before it pushes again.
+        self.poll(model)
         if model.step % self.tau == 0:
-            downpour.exchange()
-
-    def poll(self, model):
-        """Handle what has arrived for ``model`` without waiting (pushes on
-        rank 0, fresh parameters on a worker); returns how many messages."""
-        return self._holders[model].poll()
-
-    def finish(self, model):
-        """Push the last accumulated updates, then give every rank the center.
-
-        Termination: a worker waits for the answer to its last push, sends
-        its remaining accumulated update marked ``DONE`` and receives the
-        final parameters.  Rank 0 applies pushes until every worker is done
-        (workers that train longer keep exchanging meanwhile), then sends
-        each the result.
-        """
-        self._holders[model].finish()
-
-    def state_dict(self):
-        """Each model's accumulated update, and the global parameters on rank 0."""
-        return {"models": {model.name: d.state() for model, d in self._holders.items()},
-                "pushes": self.pushes}
-
-    def load_state_dict(self, state):
-        self._restored = dict(state.get("models", {}))
-        for model, downpour in self._holders.items():
-            if model.name in self._restored:
-                downpour.load(self._restored[model.name])
-
-
-class Downpour(HolderExchange):
-    """The push/pull exchange of one model, on rank 0 or on a worker.
-
-    Rank 0's :attr:`center` is the global parameters; a push carries the
-    pusher's accumulated update and is answered with the global parameters.
-    """
-
-    def __init__(self, rule, model, tag):
-        super().__init__(rule, model, tag)
-        # After the identical start every rank holds the global parameters.
-        self.pulled = _copies(read_values(self.variables))
-        self.at_push = None  # a worker's parameters when it last pushed
-
-    # -- state ---------------------------------------------------------------------
-    def accumulated(self):
-        """``x - pulled``: this rank's steps not yet pushed."""
-        return [x - p for x, p in zip(read_values(self.variables), self.pulled)]
-
-    def state(self):
-        state = {"accumulated": self.accumulated()}
-        if self.holds_center:
-            state["center"] = _copies(self.center)
-        return state
-
-    def load(self, state):
-        if "accumulated" in state:
-            self.pulled = [x - a for x, a in zip(read_values(self.variables),
-                                                 state["accumulated"])]
-        if self.holds_center and "center" in state:
-            self.center = _copies(state["center"])
-
-    def adopt(self, center):
-        """Set the model to the global parameters; nothing accumulated."""
-        write_values(self.variables, _copies(center))
-        self.pulled = _copies(center)
-
-    # -- rank 0 ----------------------------------------------------------------------
-    def _apply(self, update):
-        scale = self.rule.update_scale
-        self.center = [c + scale * u for c, u in zip(self.center, update)]
-        self.rule.pushes += 1
-
-    def answer(self, update):
-        self._apply(update)
-        return self.center
-
-    def take_done(self, message):
-        self._apply(self.mailbox.arrays(message))  # the worker's last steps
-
-    def exchange_locally(self):
-        self._apply(self.accumulated())
-        self.adopt(self.center)
-
-    def before_end(self):
-        self.exchange_locally()  # rank 0's last steps reach the center too
-
-    # -- a worker ----------------------------------------------------------------------
-    def pushed(self):
-        self.at_push = _copies(read_values(self.variables))
-        return self.accumulated()
-
-    def take_answer(self, fresh):
-        # Keep the steps taken while the push travelled: they are not in
-        # `fresh` yet and will be part of the next push.
-        since = [x - a for x, a in zip(read_values(self.variables), self.at_push)]
-        write_values(self.variables, [(f + s).astype(f.dtype, copy=False)
-                                      for f, s in zip(fresh, since)])
-        self.pulled = fresh
-        self.rule.pushes += 1
-
-    def last_pushed(self):
-        return self.accumulated()
+            self.of(model).exchange()

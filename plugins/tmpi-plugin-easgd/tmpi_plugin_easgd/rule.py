@@ -32,17 +32,11 @@ default ``alpha = 0.9 / size``.
 Training ends with the center variable on every rank: it is the model
 EASGD trains.
 """
-import numpy as np
-
-from tmpi_adapters.errors import ConfigError
-from tmpi_adapters.options import Knob, one_of, positive
-from tmpi_adapters.core.protocol import read_values, write_values
-from tmpi_adapters.rules.base import Rule
+from tmpi_adapters import ConfigError, Knob, Rule
+from tmpi_adapters.options import one_of, positive
+from tmpi_adapters.rules import PerModel
 from tmpi_adapters.rules.asynchronous import HolderExchange
-
-#: Tags of the first model: workers to holder, holder to workers; each further
-#: model uses the next pair, so the messages of different models never mix.
-BASE_TAG = 20000
+from tmpi_adapters.rules.base import copies
 
 
 def elastic_force(value):
@@ -87,87 +81,50 @@ class EASGD(Rule):
                 "the gap to the workers' mean per exchange, past the mean. Choose "
                 "alpha <= %g (the paper uses beta = 0.9, the default alpha = 0.9 / N)."
                 % (self.alpha, self.size, self.alpha * self.size, 1.0 / self.size))
-        self._elastic = {}
-        self._restored = {}
+        self.per_model = ElasticAsync if self.mode == "async" and self.size > 1 else ElasticSync
         #: Elastic exchanges this rank took part in (answered ones, in async mode).
         self.exchanges_done = 0
 
-    # -- the Rule interface --------------------------------------------------
-    def start(self, model):
-        kind = ElasticAsync if self.mode == "async" and self.size > 1 else ElasticSync
-        elastic = kind(self, model, BASE_TAG + 2 * len(self._elastic))
-        if model.name in self._restored and elastic.holds_center:
-            elastic.center = [np.array(a, copy=True) for a in self._restored[model.name]]
-        self._elastic[model] = elastic
-
     def after_step(self, model, samples):
-        elastic = self._elastic[model]
-        elastic.poll()
+        # A worker takes the answer to its last push before it pushes again.
+        self.poll(model)
         if model.step % self.tau == 0:
-            elastic.exchange()
-
-    def poll(self, model):
-        """Handle what has arrived for ``model`` without waiting.
-
-        Only the asynchronous form has anything to handle: the holder's
-        incoming pushes, a worker's answer.  :meth:`after_step` does this after
-        every step.  Returns the number of messages handled.
-        """
-        return self._elastic[model].poll()
-
-    def finish(self, model):
-        """Drain every exchange, then give every rank the center variable.
-
-        Asynchronous termination: a worker waits for the answer to its last
-        push, tells rank 0 it is done and receives the final center.  Rank 0
-        keeps answering pushes until every worker is done (workers that train
-        longer keep exchanging meanwhile), then sends each the center.
-        """
-        self._elastic[model].finish()
-
-    def state_dict(self):
-        """The center variable of each model (on the ranks that hold it)."""
-        return {"center": {model.name: [np.array(a, copy=True) for a in e.center]
-                           for model, e in self._elastic.items() if e.holds_center},
-                "exchanges": self.exchanges_done}
-
-    def load_state_dict(self, state):
-        self._restored = dict(state.get("center", {}))
-        for model, elastic in self._elastic.items():
-            if model.name in self._restored and elastic.holds_center:
-                elastic.center = [np.array(a, copy=True) for a in self._restored[model.name]]
+            self.of(model).exchange()
 
 
-class ElasticSync:
-    """Synchronous EASGD for one model: every rank holds the same center."""
+class ElasticSync(PerModel):
+    """Synchronous EASGD for one model: every rank holds the same center.
 
-    holds_center = True
+    Training ends with the center on every rank (:meth:`finish`); a
+    checkpoint keeps the center.
+    """
 
     def __init__(self, rule, model, tag):
-        self.rule = rule
-        self.variables = model.params + model.model_state
+        super().__init__(rule, model, tag)
         # After the identical start every worker equals the center.
-        self.center = [np.array(a, copy=True) for a in read_values(self.variables)]
-
-    def poll(self):
-        return 0
+        self.center = copies(self.values())
 
     def exchange(self):
         """The synchronous elastic update of every worker and the center, from one
         allreduce of the parameters."""
         rule = self.rule
-        workers = read_values(self.variables)
+        workers = self.values()
         total = rule.exchanger.allreduce(workers, op="sum")
         # Both updates use the values from before the exchange.
-        write_values(self.variables, [x - rule.alpha * (x - c)
-                                      for x, c in zip(workers, self.center)])
+        self.assign([x - rule.alpha * (x - c) for x, c in zip(workers, self.center)])
         self.center = [c + rule.alpha * (s - rule.size * c)
                        for c, s in zip(self.center, total)]
         rule.exchanges_done += 1
 
     def finish(self):
         """Every rank ends with the center (a second call changes nothing)."""
-        write_values(self.variables, [np.array(c, copy=True) for c in self.center])
+        self.assign(copies(self.center))
+
+    def state_dict(self):
+        return {"center": copies(self.center)}
+
+    def load_state_dict(self, state):
+        self.center = copies(state["center"])
 
 
 class ElasticAsync(HolderExchange):
@@ -176,6 +133,11 @@ class ElasticAsync(HolderExchange):
     A worker (a rank other than 0) pushes its parameters; rank 0 answers
     with the elastic force, computed against the center at that moment, and
     moves the center; the worker applies the force when the answer arrives.
+
+    The end (:class:`~tmpi_adapters.rules.asynchronous.HolderExchange`): a
+    worker waits for the answer to its last push, tells rank 0 it is done
+    and receives the final center; rank 0 keeps answering pushes until every
+    worker is done, then sends each the center.
     """
 
     # -- the holder (rank 0) ------------------------------------------------------
@@ -190,21 +152,18 @@ class ElasticAsync(HolderExchange):
         return self._pull_center(worker)
 
     def exchange_locally(self):
-        mine = read_values(self.variables)
+        mine = self.values()
         force = self._pull_center(mine)
-        write_values(self.variables, [(x - f).astype(x.dtype, copy=False)
-                                      for x, f in zip(mine, force)])
+        self.assign([x - f for x, f in zip(mine, force)])
 
     # -- a worker ---------------------------------------------------------------------
     def pushed(self):
-        return read_values(self.variables)
+        return self.values()
 
     def take_answer(self, force):
-        mine = read_values(self.variables)
-        write_values(self.variables, [(x - f).astype(x.dtype, copy=False)
-                                      for x, f in zip(mine, force)])
+        self.assign([x - f for x, f in zip(self.values(), force)])
         self.rule.exchanges_done += 1
 
     # -- both ---------------------------------------------------------------------------
     def adopt(self, center):
-        write_values(self.variables, [np.array(c, copy=True) for c in center])
+        self.assign(copies(center))

@@ -18,24 +18,22 @@ information without biasing it.
 
 No rank ever waits for another while training.  Sends are non-blocking and
 each rank keeps one receive posted for its peers' messages (all of them on
-one tag of the one communicator), which it handles after every step: a
-:class:`~tmpi_adapters.rules.asynchronous.Mailbox` per model does this.
-:meth:`GoSGD.finish` ends the exchange without losing a message (see there).
+one tag of the one communicator), which it handles after every step: the
+:class:`Gossip` of each model does this with a
+:class:`~tmpi_adapters.rules.asynchronous.Mailbox`, and
+:meth:`Gossip.finish` ends the exchange without losing a message.
 """
 import numpy as np
 
-from tmpi_adapters.options import Knob, parse_bool, probability
-from tmpi_adapters.core.protocol import read_values, write_values
-from tmpi_adapters.rules.base import Rule
+from tmpi_adapters import Knob, Rule
+from tmpi_adapters.options import parse_bool, probability
+from tmpi_adapters.rules import PerModel
 from tmpi_adapters.rules.asynchronous import Mailbox
 
 #: What a message is, carried in its first element.
 GOSSIP, DONE = 1.0, 2.0
 #: Elements before the parameters: kind, sum-weight.
 HEADER = 2
-#: Tag of the first model's messages; each further model uses the next tag.
-#: One tag per model keeps every message of a sender in the order it was sent.
-BASE_TAG = 21000
 #: Unfinished sends a rank may have before it skips a gossip round: a peer
 #: that is busy elsewhere must never make a training rank wait.
 MAX_PENDING_SENDS = 4
@@ -44,6 +42,97 @@ MAX_PENDING_SENDS = 4
 def boolean(text):
     """``true``/``false`` (or yes/no, on/off, 1/0); named for error messages."""
     return parse_bool(text)
+
+
+class Gossip(PerModel):
+    """The gossip state of one model on one rank: its sum-weight and its mailbox.
+
+    Every message of the model travels on its one tag (``self.tag``): MPI
+    keeps one sender's messages on one tag in order, so a peer's ``DONE``
+    comes after all of its gossip.
+    """
+
+    def __init__(self, rule, model, tag):
+        super().__init__(rule, model, tag)
+        #: The sum-weight: ``1/size`` at the start, so all ranks' add up to 1.
+        self.weight = 1.0 / rule.size
+        self.mailbox = Mailbox(rule.exchanger, self.values(), HEADER)
+        self.finished = False
+        # The one receive every peer's message lands in.
+        self.mailbox.listen(self.tag)
+
+    def poll(self):
+        """Mix in every message that has arrived, without waiting; returns how many."""
+        return self.mailbox.handle(self.arrived)
+
+    def arrived(self, source, message):
+        """One message from ``source``: a peer's gossip to mix in, or its DONE."""
+        if message[0] == GOSSIP:
+            self.mix(float(message[1]), self.mailbox.arrays(message))
+        else:
+            self.mailbox.done.add(source)
+
+    def mix(self, weight, theirs):
+        """Sum-weight mixing of a peer's model into this rank's."""
+        total = self.weight + weight
+        self.assign([(self.weight * a + weight * b) / total
+                     for a, b in zip(self.values(), theirs)])
+        self.weight = total
+        self.rule.received += 1
+
+    def push(self, peer):
+        """Send half of this rank's weight and its model to ``peer`` (non-blocking).
+
+        Returns ``peer``, or ``None`` when too many sends are still unfinished.
+        """
+        if self.mailbox.unfinished() >= MAX_PENDING_SENDS:
+            self.rule.skipped += 1
+            return None
+        message = self.mailbox.message(GOSSIP, self.values())
+        # The weight travels in the message's dtype: keep exactly what was
+        # not sent, so the weights of all ranks still add up to 1.
+        message[1] = self.weight / 2
+        self.weight -= float(message[1])
+        self.mailbox.send(message, peer, self.tag)
+        self.rule.sent += 1
+        return peer
+
+    def finish(self):
+        """End the gossip without losing a message, then (optionally) average.
+
+        Termination protocol: every rank sends ``DONE`` to every peer after its
+        last push, then keeps mixing in what arrives until it has a ``DONE``
+        from every peer; once every ``DONE`` is in, nothing more can arrive.
+        Ranks that stop early wait for the others here, mixing in their
+        pushes; each arrival restarts the stall timeout (a peer that still
+        gossips is alive, only slower).
+        """
+        if self.finished:
+            return
+        rule = self.rule
+        peers = [r for r in range(rule.size) if r != rule.rank]
+        for peer in peers:
+            self.mailbox.send(self.mailbox.message(DONE), peer, self.tag)
+        self.mailbox.await_done(rule, peers, self.arrived)
+        self.mailbox.flush()
+        self.finished = True
+        if rule.final_average and rule.size > 1:
+            self.average()
+
+    def average(self):
+        """Replace the model by the sum-weighted average over ranks (a collective)."""
+        self.assign(self.rule.exchanger.allreduce(self.values(), op="mean",
+                                                  weight=self.weight))
+        self.weight = 1.0 / self.rule.size
+
+    def state_dict(self):
+        """The sum-weight.  Mixing depends only on the ratio of weights, so
+        ranks restarted from one rank's checkpoint (equal weights everywhere)
+        gossip correctly."""
+        return {"weight": self.weight}
+
+    def load_state_dict(self, state):
+        self.weight = state["weight"]
 
 
 class GoSGD(Rule):
@@ -70,11 +159,10 @@ class GoSGD(Rule):
         "final_average": Knob(boolean, True, "end with the sum-weighted average of all "
                                              "ranks' models on every rank"),
     }
+    per_model = Gossip
 
     def __init__(self, session, **options):
         super().__init__(session, **options)
-        self._gossips = {}
-        self._restored = {}
         self._rng = None
         #: Messages pushed, mixed in, and gossip rounds skipped because
         #: :data:`MAX_PENDING_SENDS` sends were still unfinished.
@@ -82,149 +170,35 @@ class GoSGD(Rule):
         #: The peer this rank pushed to after its latest step (``None``: none).
         self.last_peer = None
 
-    # -- the Rule interface --------------------------------------------------
-    def start(self, model):
+    @property
+    def rng(self):
+        """This rank's random stream, seeded from the session's seed and the rank.
+
+        A stream of its own per rank: the peers differ between ranks, and the
+        user's numpy generator (identical on every rank) is left alone.  Made
+        on first use, once the session has drawn its seed.
+        """
         if self._rng is None:
-            # A stream of its own per rank: the peers differ between ranks, and
-            # the user's numpy generator (identical on every rank) is left alone.
             self._rng = np.random.default_rng([getattr(self.session, "seed", 0) or 0,
                                                self.rank])
-        gossip = _Gossip(self, model, BASE_TAG + len(self._gossips))
-        if model.name in self._restored:
-            gossip.weight = self._restored[model.name]
-        self._gossips[model] = gossip
-        gossip.listen()
+        return self._rng
 
     def after_step(self, model, samples):
-        gossip = self._gossips[model]
-        gossip.handle_arrivals()
+        self.poll(model)
         self.last_peer = None
-        if self.size > 1 and self._rng.random() < self.gossip_probability:
-            self.last_peer = gossip.push(self._random_peer())
+        if self.size > 1 and self.rng.random() < self.gossip_probability:
+            self.last_peer = self.of(model).push(self.random_peer())
 
-    def poll(self, model):
-        """Mix in whatever has arrived for ``model`` without waiting.
+    def random_peer(self):
+        """A rank other than this one, uniformly."""
+        peer = int(self.rng.integers(self.size - 1))
+        return peer + 1 if peer >= self.rank else peer
 
-        :meth:`after_step` does this after every step; a loop that spends a
-        long time away from training steps may call it to keep its peers'
-        sends moving.  Returns the number of messages handled.
-        """
-        return self._gossips[model].handle_arrivals()
+    def rule_state(self):
+        """The random stream's state (each model's weight is its own state)."""
+        return {"rng": None if self._rng is None else self._rng.bit_generator.state}
 
-    def finish(self, model):
-        """End the gossip without losing a message, then (optionally) average.
-
-        Termination protocol: every rank sends ``DONE`` to every peer after its
-        last push, then keeps mixing in what arrives until it has a ``DONE``
-        from every peer.  MPI keeps the messages of one sender on one tag in
-        order, so a peer's ``DONE`` comes after all of its gossip: once every
-        ``DONE`` is in, nothing more can arrive.  Ranks that stop early wait
-        for the others here, mixing in their pushes; the wait restarts its
-        stall timeout whenever a message arrives.
-        """
-        gossip = self._gossips[model]
-        if gossip.finished:
-            return
-        gossip.finish()
-        if self.final_average and self.size > 1:
-            gossip.average()
-
-    def state_dict(self):
-        """Each model's sum-weight and this rank's random stream.
-
-        Mixing depends only on the ratio of weights, so ranks restarted from
-        one rank's checkpoint (equal weights everywhere) gossip correctly.
-        """
-        return {
-            "weights": {model.name: g.weight for model, g in self._gossips.items()},
-            "rng": None if self._rng is None else self._rng.bit_generator.state,
-            "counts": {"sent": self.sent, "received": self.received, "skipped": self.skipped},
-        }
-
-    def load_state_dict(self, state):
-        self._restored = dict(state.get("weights", {}))
-        for model, gossip in self._gossips.items():
-            if model.name in self._restored:
-                gossip.weight = self._restored[model.name]
+    def load_rule_state(self, state):
         if state.get("rng") is not None:
             self._rng = np.random.default_rng()
             self._rng.bit_generator.state = state["rng"]
-
-    # -- helpers ---------------------------------------------------------------
-    def _random_peer(self):
-        """A rank other than this one, uniformly."""
-        peer = int(self._rng.integers(self.size - 1))
-        return peer + 1 if peer >= self.rank else peer
-
-
-class _Gossip:
-    """The gossip state of one model on one rank: its weight and its mailbox."""
-
-    def __init__(self, rule, model, tag):
-        self.rule = rule
-        self.variables = model.params + model.model_state
-        self.tag = tag
-        self.weight = 1.0 / rule.size
-        self.mailbox = Mailbox(rule.exchanger, read_values(self.variables), HEADER)
-        self.finished = False
-
-    def listen(self):
-        """Post the receive that peers' messages land in."""
-        self.mailbox.listen(self.tag)
-
-    def handle_arrivals(self):
-        """Handle every message that has arrived; returns how many."""
-        return self.mailbox.handle(self.arrived)
-
-    def arrived(self, source, message):
-        """One message from ``source``: a peer's gossip to mix in, or its DONE."""
-        if message[0] == GOSSIP:
-            self.mix(float(message[1]), self.mailbox.arrays(message))
-        else:
-            self.mailbox.done.add(source)
-
-    def mix(self, weight, theirs):
-        """Sum-weight mixing of a peer's model into this rank's."""
-        mine = read_values(self.variables)
-        total = self.weight + weight
-        mixed = [(self.weight * a + weight * b) / total for a, b in zip(mine, theirs)]
-        write_values(self.variables, [m.astype(a.dtype, copy=False)
-                                      for m, a in zip(mixed, mine)])
-        self.weight = total
-        self.rule.received += 1
-
-    def push(self, peer):
-        """Send half of this rank's weight and its model to ``peer`` (non-blocking).
-
-        Returns ``peer``, or ``None`` when too many sends are still unfinished.
-        """
-        if self.mailbox.unfinished() >= MAX_PENDING_SENDS:
-            self.rule.skipped += 1
-            return None
-        message = self.mailbox.message(GOSSIP, read_values(self.variables))
-        # The weight travels in the message's dtype: keep exactly what was
-        # not sent, so the weights of all ranks still add up to 1.
-        message[1] = self.weight / 2
-        self.weight -= float(message[1])
-        self.mailbox.send(message, peer, self.tag)
-        self.rule.sent += 1
-        return peer
-
-    def finish(self):
-        """The termination protocol of :meth:`GoSGD.finish`."""
-        rule = self.rule
-        peers = [r for r in range(rule.size) if r != rule.rank]
-        for peer in peers:
-            self.mailbox.send(self.mailbox.message(DONE), peer, self.tag)
-        # Each message that arrives restarts the stall timeout: a peer that
-        # still gossips is alive, only slower.
-        self.mailbox.await_done(rule, peers, self.arrived)
-        self.mailbox.flush()
-        self.finished = True
-
-    def average(self):
-        """Replace the model by the sum-weighted average over ranks (a collective)."""
-        values = read_values(self.variables)
-        write_values(self.variables,
-                     self.rule.exchanger.allreduce(values, op="mean", weight=self.weight))
-        self.weight = 1.0 / self.rule.size

@@ -37,8 +37,9 @@ def restore_with_center_moved(rule):
     """A checkpoint's round trip with the center moved by 0.5 on the way: the
     rule must go on with what was loaded."""
     state = pickle.loads(pickle.dumps(rule.state_dict()))
-    for arrays in state["center"].values():  # only where the center is held
-        arrays[:] = [a + 0.5 for a in arrays]
+    for entry in state["models"].values():
+        if entry is not None:  # only where the center is held
+            entry["center"] = [a + 0.5 for a in entry["center"]]
     rule.load_state_dict(state)
 
 
@@ -56,7 +57,7 @@ def sync_rounds(session, steps=6):
             center = center + sum(forces)
         check(parameters(w, b), workers[rank], "rank %d parameters after step %d" % (rank, step))
         if rank == 0:
-            check(session.rule.state_dict()["center"][train.model.name][0], center[:3],
+            check(session.rule.of(train.model).center[0], center[:3],
                   "the center's w after step %d" % step)
         if step == 2:
             restore_with_center_moved(session.rule)
@@ -88,7 +89,7 @@ def async_rounds(session, steps=5):
                 center = center + force
         check(parameters(w, b), workers[rank], "rank %d parameters after step %d" % (rank, step))
         if rank == 0:
-            check(np.append(*rule.state_dict()["center"][model.name]), center,
+            check(np.append(*rule.of(model).center), center,
                   "the center after step %d" % step)
         if step == 2:
             restore_with_center_moved(session.rule)

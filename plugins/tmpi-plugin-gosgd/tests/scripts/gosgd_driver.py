@@ -61,13 +61,13 @@ def rounds(session, steps=4):
                 mix(sim_x, sim_w, turn, peer)
         check(parameters(w, b), sim_x[rank],
               "rank %d parameters after step %d" % (rank, step + 1))
-        check(rule.state_dict()["weights"][model.name], sim_w[rank],
+        check(rule.of(model).weight, sim_w[rank],
               "rank %d sum-weight after step %d" % (rank, step + 1))
         if step + 1 == 2:
             # A checkpoint's round trip, each rank's weight changed on the way:
             # the rule must go on with what was loaded.
             state = pickle.loads(pickle.dumps(rule.state_dict()))
-            state["weights"][model.name] *= 1 + rank
+            state["models"][model.name]["weight"] *= 1 + rank
             rule.load_state_dict(state)
             sim_w = [wr * (1 + r) for r, wr in enumerate(sim_w)]
     assert 0 < pushes < steps * size, "pushes %d of %d: choose another seed" % (
@@ -86,13 +86,13 @@ def uneven(session):
     for step in range(3 + 3 * rank):
         x, y = batch(step, size)
         before = parameters(w, b)
-        weights = rule.state_dict()["weights"]
-        weight = weights.get(train.model.name, 1.0 / size)
+        gossip = rule.models.get(train.model)  # none before the first step
+        weight = gossip.weight if gossip is not None else 1.0 / size
         train(x, y)
         moved += weight * -LR * gradient(before, *rows_of(rank, x, y))
     session.finish()
     comm = MPI.COMM_WORLD
-    weight = rule.state_dict()["weights"][train.model.name]
+    weight = rule.of(train.model).weight
     check(comm.allreduce(weight), 1.0, "sum of sum-weights")
     check(comm.allreduce(weight * parameters(w, b)), INITIAL + comm.allreduce(moved),
           "sum of weighted models")

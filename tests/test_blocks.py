@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 from conftest import SCRIPTS, assert_close, check, final_numbers, mpiexec, run, tmpi
+from tmpi_adapters.core.batches import batch_rows
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.frameworks import blocks as adapter
+from tmpi_adapters.frameworks.blocks.functions import batch_digest
+from tmpi_adapters.frameworks.blocks.monitoring import scale_share, share_fraction
 
 HAVE_BLOCKS = all(importlib.util.find_spec(m) is not None for m in ("blocks", "fuel"))
 needs_blocks = pytest.mark.skipif(not HAVE_BLOCKS, reason=(
@@ -92,23 +95,22 @@ def test_monitoring_shares_sum_to_the_one_process_value():
         for rank, part in enumerate(parts):
             before = old / 2  # each rank holds a share of the old value
             new = before + part if additive else part
-            fraction = adapter.share_fraction(7, len(rows[rank]))
-            shares.append(adapter.scale_share(before, new, fraction, True, additive,
-                                              extensive))
+            fraction = share_fraction(7, len(rows[rank]))
+            shares.append(scale_share(before, new, fraction, True, additive, extensive))
         expected = old + whole if additive else whole
         assert abs(sum(shares) - expected) < 1e-12, (additive, extensive)
     # A rank that only ran a padding row adds nothing.
-    padding = adapter.scale_share(old, old + 9.0, 0.0, False, True, True)
+    padding = scale_share(old, old + 9.0, 0.0, False, True, True)
     assert padding == old
 
 
 def test_batch_helpers():
     batch = {"features": np.zeros((5, 3)), "targets": np.zeros((5, 1)), "lr": np.float64(1)}
-    assert adapter.batch_rows(batch.values()) == 5
-    assert adapter.batch_rows([np.float64(1)]) is None
-    one = adapter.batch_digest([np.arange(6).reshape(3, 2)], {})
-    assert one == adapter.batch_digest([np.arange(6).reshape(3, 2)], {})
-    assert one != adapter.batch_digest([np.arange(6).reshape(2, 3)], {})
+    assert batch_rows(batch.values()) == 5
+    assert batch_rows([np.float64(1)]) is None
+    one = batch_digest([np.arange(6).reshape(3, 2)], {})
+    assert one == batch_digest([np.arange(6).reshape(3, 2)], {})
+    assert one != batch_digest([np.arange(6).reshape(2, 3)], {})
 
 
 @pytest.mark.skipif(HAVE_BLOCKS, reason="needs an environment without Blocks")

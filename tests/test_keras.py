@@ -62,7 +62,7 @@ def two_ranks():
 
 
 def test_keras_is_detected_and_not_imported_by_tmpi():
-    from tmpi_adapters.frameworks.keras.adapter import KerasAdapter
+    from tmpi_adapters.frameworks.keras import KerasAdapter
     from tmpi_adapters.pluginmanager import get_plugin_manager, lookup
     detect = get_plugin_manager().hook.tmpi_detect_framework
     assert detect(source="import theano\nfrom keras.models import Sequential\n",
@@ -133,7 +133,7 @@ def test_weak_scaling_with_warmup_keeps_ranks_identical():
 def test_random_streams_jump_ahead_by_rank():
     import tmpi_adapters  # noqa: F401 -- the shims Theano needs come first
     from theano.sandbox.rng_mrg import MRG_RandomStreams, ff_2p134
-    from tmpi_adapters.frameworks.keras.adapter import jump_streams
+    from tmpi_adapters.frameworks.keras.streams import jump_streams
     states = MRG_RandomStreams(seed=99).get_substream_rstates(5, "float32")
     assert (jump_streams(states, 0) == states).all()
     twice = jump_streams(states, 2)

@@ -2,7 +2,9 @@
 
     mpiexec -n 2 python blocks_mnist_extension.py          # no tmpi wrap needed
 """
-import tmpi_adapters as tmpi  # first: applies the shims Blocks needs on Python 3.11
+# The shims Blocks needs on Python 3.11 come from the environment's start-up
+# hook (make install), as for any script started without tmpi wrap.
+import tmpi_adapters as tmpi
 
 import blocks_mnist
 

@@ -16,7 +16,7 @@ import itertools
 
 import numpy as np
 
-from tmpi_adapters.core.batches import batch_rows, check_ranks_vs_rows, local_rows
+from tmpi_adapters.core.batches import batch_rows, check_ranks_vs_rows, cut_rows, local_rows
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.pluginmanager import hookimpl
 
@@ -116,12 +116,7 @@ class DistributedFunction:
                 s.lo.set_value(np.int64(start + lo))
                 s.hi.set_value(np.int64(start + hi))
             return args, kwargs
-
-        def cut(a):
-            if isinstance(a, np.ndarray) and a.ndim >= 1 and a.shape[0] == rows:
-                return a[lo:hi]
-            return a
-        return [cut(a) for a in args], {k: cut(v) for k, v in kwargs.items()}
+        return cut_rows(args, rows, lo, hi), cut_rows(kwargs, rows, lo, hi)
 
     @property
     def key(self):

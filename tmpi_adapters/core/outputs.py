@@ -84,6 +84,8 @@ def _scalar_kind(variable, data, depth=0):
     if isinstance(op, DimShuffle):
         return _scalar_kind(node.inputs[0], data, depth + 1)
     if isinstance(op, CAReduce) and isinstance(op.scalar_op, scalar.Add):
+        if node.inputs[0].ndim == 0:  # a sum of one number is that number
+            return _scalar_kind(node.inputs[0], data, depth + 1)
         return "sum"
     if not isinstance(op, Elemwise):
         return None
@@ -115,7 +117,9 @@ def _scalar_kind(variable, data, depth=0):
 def counts_rows(variable, data):
     """True when ``variable`` is computed from the batch's shape only (a row
     or element count), not from its values."""
+    from theano import scalar
     from theano.compile.ops import Shape, Shape_i
+    from theano.tensor.elemwise import Elemwise
     stack, seen = [variable], set()
     while stack:
         current = stack.pop()
@@ -129,6 +133,9 @@ def counts_rows(variable, data):
             continue
         if isinstance(node.op, (Shape, Shape_i)):
             continue  # a shape of the batch: a count, whatever it was taken of
+        if isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, scalar.Second):
+            stack.append(node.inputs[1])  # ones_like(x): x gives the shape, not the values
+            continue
         stack.extend(node.inputs)
     return True
 

@@ -1,5 +1,32 @@
-"""The Keras 2.3.1 (Theano backend) adapter: see :mod:`.adapter`."""
-from tmpi_adapters.frameworks.keras.adapter import (KerasAdapter, tmpi_detect_framework,
-                                                    tmpi_frameworks)
+"""The Keras 2.3.1 (Theano backend) adapter, a built-in plugin.
+
+:mod:`.adapter`
+    :class:`KerasAdapter`: hooks Keras' classes while a script runs (training
+    and test functions, callbacks, files written once).
+:mod:`.step`
+    what a model's compiled functions become: a distributed step that keeps
+    Keras' metrics global, an evaluation split across ranks.
+:mod:`.sharding`
+    ``--scaling weak``: each rank's ``fit`` sees its own shard of the data.
+:mod:`.streams`
+    each rank its own random numbers (dropout masks).
+
+Importing this package imports neither Keras nor Theano.
+"""
+from tmpi_adapters.frameworks.base import imports_module
+from tmpi_adapters.frameworks.keras.adapter import KerasAdapter
+from tmpi_adapters.pluginmanager import hookimpl
 
 __all__ = ["KerasAdapter", "tmpi_frameworks", "tmpi_detect_framework"]
+
+
+@hookimpl
+def tmpi_frameworks():
+    return {"keras": KerasAdapter}
+
+
+@hookimpl(tryfirst=True)
+def tmpi_detect_framework(source, path):
+    if imports_module(source, "keras"):
+        return "keras"
+    return None

@@ -22,8 +22,6 @@ Optional: ``n_epochs``, ``n_subb``, ``reset_iter(mode)``, ``print_info``.
 import inspect
 
 from tmpi_adapters.errors import ConfigError, TmpiError
-from tmpi_adapters.pluginmanager import hookimpl
-from tmpi_adapters.core.protocol import ModelProtocol
 from tmpi_adapters.frameworks.theano import TheanoAdapter
 
 REQUIRED_METHODS = ("compile_iter_fns", "train_iter", "val_iter", "adjust_hyperp", "cleanup")
@@ -37,30 +35,24 @@ class TheanoMPIAdapter(TheanoAdapter):
     def batch_mode(self):
         return "local"
 
-    def protocol_for(self, model):
-        """The :class:`ModelProtocol` of a ModelClass instance after ``compile_iter_fns``.
-
-        Parameters come from ``model.params`` (its order and names), the
-        training function is the one that updates them.
+    def protocol_for(self, model, n_batch_train=None, n_epochs=None):
+        """The :class:`~tmpi_adapters.core.protocol.ModelProtocol` of a
+        ModelClass instance after ``compile_iter_fns``: the one of the training
+        function that updates ``model.params``, told the shape of the driver's
+        loop (``n_batch_train`` steps per epoch, ``n_epochs``) for
+        ``--progress`` and ``--checkpoint-every``.
         """
-        params = list(model.params)
-        mine = {id(p) for p in params}
+        mine = {id(p) for p in model.params}
         for function in self.functions:
-            found = {id(p) for p in function.model.params}
-            if found & mine:
-                discovered = function.model
-                extra = [p for p in discovered.params if id(p) not in mine]
-                return ModelProtocol(
-                    params + extra, discovered.optimizer_state, discovered.model_state,
-                    train_fn=function, name=type(model).__name__,
-                    n_batch_train=model.data.n_batch_train,
-                    n_batch_val=model.data.n_batch_val,
-                    n_epochs=getattr(model, "n_epochs", None))
+            protocol = function.model
+            if any(id(p) in mine for p in protocol.params):
+                protocol.n_batch_train, protocol.n_epochs = n_batch_train, n_epochs
+                return protocol
         raise TmpiError(
             "%s.compile_iter_fns compiled no training function that updates model.params "
             "(%d shared variables): its train function must apply updates computed with "
             "theano.grad of a cost with respect to model.params."
-            % (type(model).__name__, len(params)))
+            % (type(model).__name__, len(model.params)))
 
 
 def check_contract(model):
@@ -100,13 +92,9 @@ def positional_arity(function):
 
 
 def accepts_keyword(function, name):
+    """True when a callable takes keyword argument ``name`` (or ``**kwargs``)."""
     try:
         parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
     return name in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
-
-
-@hookimpl
-def tmpi_frameworks():
-    return {"theanompi": TheanoMPIAdapter}

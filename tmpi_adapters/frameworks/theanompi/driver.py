@@ -127,9 +127,10 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=None)
     args = parser.parse_args(argv)
 
-    from tmpi_adapters.errors import ConfigError
-    from tmpi_adapters.frameworks.theanompi.adapter import TheanoMPIAdapter, accepts_keyword, check_contract
     from tmpi_adapters.core.session import current_session
+    from tmpi_adapters.errors import ConfigError
+    from tmpi_adapters.frameworks.theanompi.adapter import (TheanoMPIAdapter, accepts_keyword,
+                                                            check_contract)
     session = current_session()
     if not isinstance(session.adapter, TheanoMPIAdapter):
         raise ConfigError("the Theano-MPI driver needs --framework theanompi")
@@ -140,12 +141,14 @@ def main(argv=None):
         model.compile_iter_fns(sync_type=sync_type)
     else:
         model.compile_iter_fns()
-    protocol = session.adapter.protocol_for(model)
     n_epochs = args.epochs or getattr(model, "n_epochs", None)
     if not n_epochs:
         raise ConfigError("%s has no n_epochs attribute; pass --epochs to tmpi run."
                           % args.modelclass)
     n_subb = int(getattr(model, "n_subb", 1) or 1)
+    protocol = session.adapter.protocol_for(
+        model, n_batch_train=agreed_min(session, model.data.n_batch_train) * n_subb,
+        n_epochs=n_epochs)
     recorder = Recorder(session, verbose=session.rank == 0)
     session.print("tmpi run: %s from %s, %d epochs, %d rank(s), rule %s, %d parameters"
                   % (args.modelclass, args.modelfile, n_epochs, session.size,

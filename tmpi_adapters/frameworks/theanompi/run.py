@@ -18,8 +18,8 @@ import shlex
 import subprocess
 import sys
 
-from tmpi_adapters.launch.cli import add_run_arguments, check_choices, options_from_args
 from tmpi_adapters.errors import ConfigError, TmpiError
+from tmpi_adapters.launch.cli import add_run_arguments, check_choices, options_from_args
 
 #: Theano-MPI's rule names and ours.
 RULES = {"BSP": "bsp", "EASGD": "easgd", "GOSGD": "gosgd", "ASGD": "asgd"}
@@ -38,7 +38,9 @@ EXCHANGE_STRATEGIES = {
 CONFIG_KEYS = ("RULE", "MODELFILE", "MODELCLASS", "DEVICES", "BSP_SYNC_TYPE",
                "BSP_EXCH_STRATEGY")
 
-DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "theanompi_driver.py")
+#: The training loop every rank runs, started by path as the session's script
+#: (:mod:`tmpi_adapters.frameworks.theanompi.driver`).
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "driver.py")
 
 
 def read_config(path):
@@ -162,8 +164,9 @@ class TheanoMPIRule:
             raise ConfigError("devices must list one entry per rank, e.g. ['cuda0', 'cuda1']")
         _, mode_options, n, exchanger, precision = session_settings(
             self.rule.upper(), devices, sync_type, exch_strategy)
-        command = [sys.executable, "-m", "tmpi_adapters.launch.cli", "run", "--modelfile", modelfile,
-                   "--modelclass", modelclass, "--rule", self.rule, "-n", str(n)]
+        command = [sys.executable, "-m", "tmpi_adapters.launch.cli", "run",
+                   "--modelfile", modelfile, "--modelclass", modelclass,
+                   "--rule", self.rule, "-n", str(n)]
         for key, value in dict(mode_options, **(rule_options or {})).items():
             command += ["--rule-option", "%s=%s" % (key, value)]
         if exchanger:

@@ -1,0 +1,194 @@
+"""What a Keras model's compiled functions become on every rank.
+
+:class:`KerasStep` stands in for the Theano function of a model's
+``train_function``: one distributed training step, with Keras' stateful
+metrics kept global.  :class:`KerasEvaluation` stands in for the one of its
+``test_function``: each batch split across ranks, results those of one
+process.  The helpers below work on numpy arrays and shared variables:
+metric accumulators (``total``/``count`` of Keras' ``Mean`` metrics) get the
+sum of every rank's increment instead of this rank's own, and epoch logs are
+made identical on every rank.
+"""
+import numbers
+
+import numpy as np
+
+from tmpi_adapters.core.batches import batch_rows, cut_rows, local_rows
+from tmpi_adapters.core.protocol import write_values
+
+
+class KerasStep:
+    """What a Keras ``train_function`` calls in place of its Theano function.
+
+    One distributed training step (the
+    :class:`~tmpi_adapters.core.function.DistributedFunction`), plus:
+    Keras' metric accumulators (``total``/``count`` of ``Mean`` metrics) get
+    the sum of every rank's increment, so the metric values Keras reads back
+    after the call are those of the whole batch (the step's own exchange adds
+    those it carries; the others are added here after the call); and, with
+    ``--lr-scaling``, the learning-rate factor for the coming step is set first.
+
+    Parameters
+    ----------
+    adapter : tmpi_adapters.frameworks.keras.adapter.KerasAdapter
+        Says whether a weak-scaling ``fit`` runs on this rank's shard
+        (``adapter.stepping_locally``).
+    distributed : DistributedFunction
+    accumulators : list of SharedVariable
+        Metric state updated by the step (scalars, Keras' floatx).
+    lr_scale : SharedVariable or None
+        The in-graph factor of the optimizer's learning rate.
+    summed_in_step : list of SharedVariable
+        The accumulators whose increments the step's exchange already sums.
+    """
+
+    def __init__(self, adapter, distributed, accumulators, lr_scale=None, summed_in_step=()):
+        self.adapter = adapter
+        self.session = adapter.session
+        self.distributed = distributed
+        self.accumulators = list(accumulators)
+        self.lr_scale = lr_scale
+        in_step = {id(v) for v in summed_in_step}
+        #: positions in ``accumulators`` of those summed after the call
+        self._after_call = [i for i, v in enumerate(self.accumulators) if id(v) not in in_step]
+        self._after_step = None   # accumulator values after the latest step
+
+    def __getattr__(self, name):
+        return getattr(self.distributed, name)
+
+    def __repr__(self):
+        return "<tmpi KerasStep %s>" % self.distributed.model.name
+
+    def __call__(self, *args, **kwargs):
+        session, distributed = self.session, self.distributed
+        model = distributed.model
+        if self.lr_scale is not None:
+            factor = session.learning_rate_scale(model)
+            self.lr_scale.set_value(np.asarray(factor, dtype=self.lr_scale.dtype))
+        before = read_copies(self.accumulators) if session.size > 1 else None
+        steps = model.step
+        if self.adapter.stepping_locally:
+            outputs = distributed.step_local(*args, **kwargs)
+        else:
+            outputs = distributed(*args, **kwargs)
+        if before is None:
+            return outputs
+        if model.step != steps:
+            sum_increments([self.accumulators[i] for i in self._after_call],
+                           [before[i] for i in self._after_call], session.exchanger,
+                           counts=bool(distributed.last_weight))
+            self._after_step = read_copies(self.accumulators)
+        elif self._after_step is not None and not any(np.any(b) for b in before):
+            # A weak-scaling call that only handed this rank its batch returns
+            # the latest step's outputs; after train_on_batch's metric reset
+            # Keras would read 0/0 from the accumulators, so give it the
+            # latest step's values too.
+            write_values(self.accumulators, [a.copy() for a in self._after_step])
+        return outputs
+
+
+class KerasEvaluation:
+    """A Keras ``test_function`` split across ranks like a training step.
+
+    Each call's batch is cut into contiguous per-rank parts; the loss (and
+    every other output that is not a stateful metric) is averaged weighted by
+    rows, and metric accumulators get the sum of every rank's increment, all
+    in one collective.  Keras then reads the metrics from the accumulators, so
+    results equal the one-process evaluation.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.core.session.Session
+    function : theano compiled function
+    accumulators : list of SharedVariable
+    combine : list of bool
+        Per output: True to average it over ranks (Keras reads the others
+        back from the accumulators).
+    """
+
+    def __init__(self, session, function, accumulators, combine):
+        self.session = session
+        self.fn = function
+        self.accumulators = list(accumulators)
+        self.combine = list(combine)
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+    def __call__(self, *args):
+        session = self.session
+        rows = batch_rows(args)
+        if rows is None:
+            return self.fn(*args)
+        lo, hi, weight = local_rows(rows, session.rank, session.size)
+        local = cut_rows(args, rows, lo, hi)
+        before = read_copies(self.accumulators)
+        outputs = self.fn(*local)
+        means = [float(o) for o, c in zip(outputs, self.combine) if c]
+        totals = [np.asarray([weight * m for m in means] + [weight], dtype=np.float64)]
+        totals += increments(self.accumulators, before, counts=weight > 0)
+        reduced = session.exchanger.allreduce(totals, op="sum")
+        write_sums(self.accumulators, before, reduced[1:])
+        sums, count = reduced[0][:-1], reduced[0][-1]
+        combined = iter(sums / count)
+        return [np.asarray(next(combined), dtype=np.asarray(o).dtype) if c else o
+                for o, c in zip(outputs, self.combine)]
+
+
+# -- accumulators and logs (numpy in, numpy out) -----------------------------------------
+
+def read_copies(variables):
+    """Copies of the values of shared variables (list of numpy arrays)."""
+    return [np.array(v.get_value(borrow=True), copy=True) for v in variables]
+
+
+def increments(variables, before, counts=True):
+    """Each variable's change since ``before``, as float64 (zeros unless ``counts``)."""
+    result = []
+    for variable, old in zip(variables, before):
+        new = np.asarray(variable.get_value(borrow=True), dtype=np.float64)
+        result.append(new - old if counts else np.zeros_like(new))
+    return result
+
+
+def write_sums(variables, before, summed):
+    """``variable = before + summed increment``, in the variable's dtype."""
+    for variable, old, delta in zip(variables, before, summed):
+        variable.set_value(np.asarray(old + delta, dtype=old.dtype))
+
+
+def sum_increments(variables, before, exchanger, counts=True):
+    """Replace each rank's own increment of accumulators by the sum over ranks."""
+    if not variables:
+        return
+    summed = exchanger.allreduce(increments(variables, before, counts), op="sum")
+    write_sums(variables, before, summed)
+
+
+def agree_logs(logs, exchanger):
+    """Make a Keras ``logs`` dict identical on every rank (in place).
+
+    Scalars that already agree are left untouched (so exact runs stay exact);
+    otherwise each is replaced by its mean over ranks.
+    """
+    keys = sorted(k for k, v in logs.items() if _is_scalar(v))
+    values = [float(logs[k]) for k in keys]
+    gathered = exchanger.allgather_object((keys, values))
+    if all(g == gathered[0] for g in gathered):
+        return
+    common = set(keys)
+    for other_keys, _ in gathered:
+        common &= set(other_keys)
+    for key in sorted(common):
+        mean = np.mean([vals[ks.index(key)] for ks, vals in gathered])
+        old = logs[key]
+        logs[key] = np.asarray(mean, dtype=old.dtype) if isinstance(old, np.ndarray) \
+            else type(old)(mean)
+
+
+def _is_scalar(value):
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, numbers.Real):
+        return True
+    return isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "fiu"

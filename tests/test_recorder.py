@@ -8,7 +8,7 @@ from conftest import EXAMPLES, check, tmpi
 
 MLP = EXAMPLES / "theano_mlp" / "train.py"
 STEP_KEYS = {"type", "model", "step", "time_s", "compute_s", "comm_s", "wait_s", "data_s",
-             "samples", "samples_per_s", "transfer_s", "wire_bytes", "outputs"}
+             "collectives", "samples", "samples_per_s", "transfer_s", "wire_bytes", "outputs"}
 
 
 def read_records(path):
@@ -25,6 +25,8 @@ def check_record(records, ranks, rows=1500, batches=24):
         # Unnamed T.mean outputs: the loss and the accuracy of the example.
         assert set(s["outputs"]) == {"output0", "output1"}
         assert 0 <= s["outputs"]["output1"] <= 1
+        # BSP: the gradients, the loss and the accuracy travel in one collective.
+        assert s["collectives"] == (1 if ranks > 1 else 0), s
     # Every rank's rows, once: the global sample count of each step.
     assert sum(s["samples"] for s in steps) == rows
     assert summary["type"] == "summary" and summary["samples"] == rows

@@ -365,10 +365,10 @@ class LasagneFunction(DistributedFunction):
             self.adapter.window.whole_batch(rows, lo)
         return super()._local_call(args, kwargs, rows, bounds, lo, hi)
 
-    def _step(self, args, kwargs, weight, rows):
+    def _step(self, args, kwargs, weight, rows, batch=None):
         if self._weak_step():
             self.adapter.window.stacked(self.session.size, self.session.rank)
-        return super()._step(args, kwargs, weight, rows)
+        return super()._step(args, kwargs, weight, rows, batch=batch)
 
     def _explain_fixed_batch(self, error):
         fixed = self.adapter.fixed_batch_inputs(self.fn)

@@ -48,8 +48,11 @@ class Lockstep:
         this rank is in, ``None`` between collectives.
     """
 
-    def __init__(self, exchanger):
+    def __init__(self, exchanger, enabled=True):
         self.exchanger = exchanger
+        #: Envelopes travel and are checked (``TMPI_ENVELOPES=0`` turns them
+        #: off, for ``tmpi bench`` to measure what they cost).
+        self.enabled = enabled
         self.envelope = None
         self.sequence = 0
         self.current = None
@@ -82,6 +85,11 @@ class Lockstep:
             self.current = outer
 
     # -- the slots ------------------------------------------------------------------
+    @property
+    def slots(self):
+        """Elements of a message's header that the envelope takes."""
+        return self.exchanger.size if self.enabled else 0
+
     def _token(self, group, envelope):
         sequence = self._tokens[-1][0] if self._tokens else self.sequence
         token = envelope.token(sequence, token_limit(group.wire.dtype, group.fmt))
@@ -92,32 +100,34 @@ class Lockstep:
     def write_slots(self, group, envelope, weight):
         """Fill ``group``'s header: this rank's token in its slot, zeros in the
         others', then the travelling ``weight`` (if any)."""
-        size, rank = self.exchanger.size, self.exchanger.rank
+        size, rank = self.slots, self.exchanger.rank
         header = group.wire[:group.header]
         header.fill(0)
-        token = self._token(group, envelope)
-        if group.fmt is not None:
-            codecs.encode(np.array([token], dtype=np.float32), 1.0, header[rank:rank + 1],
-                          group.fmt)
-        else:
-            header[rank] = token
+        if size:
+            token = self._token(group, envelope)
+            if group.fmt is not None:
+                codecs.encode(np.array([token], dtype=np.float32), 1.0,
+                              header[rank:rank + 1], group.fmt)
+            else:
+                header[rank] = token
         if weight is not None:
             header[size] = weight
 
     def check_slots(self, group, envelope, weight):
         """After the reduction: every rank's token must be this rank's.
         Returns the summed weight when one travelled, else ``None``."""
-        size = self.exchanger.size
+        size = self.slots
         header = group.wire[:group.header]
-        if group.fmt is not None:
-            slots = np.empty(size, dtype=np.float32)
-            codecs.decode(header[:size], slots, group.fmt)
-        else:
-            slots = header[:size]
-        mine = self.current["token"] if self.current else self._token(group, envelope)
-        tokens = [int(round(float(t))) for t in slots]
-        if any(t != mine for t in tokens):
-            self.mismatch(envelope, tokens, mine)
+        if size:
+            if group.fmt is not None:
+                slots = np.empty(size, dtype=np.float32)
+                codecs.decode(header[:size], slots, group.fmt)
+            else:
+                slots = header[:size]
+            mine = self.current["token"] if self.current else self._token(group, envelope)
+            tokens = [int(round(float(t))) for t in slots]
+            if any(t != mine for t in tokens):
+                self.mismatch(envelope, tokens, mine)
         if weight is None:
             return None
         return float(header[size])

@@ -51,6 +51,8 @@ from tmpi_adapters.pluginmanager import hookimpl
 
 ALGORITHMS = ("auto", "allreduce", "rsag")
 ALGORITHM_ENV = "TMPI_ALLREDUCE_ALGORITHM"
+#: ``0`` turns the lockstep envelopes off (for measuring what they cost only).
+ENVELOPES_ENV = "TMPI_ENVELOPES"
 #: From this many bytes a bucket is reduced as reduce-scatter + allgather
 #: (measured crossover with MPICH on shared memory: 256 KiB - 1 MiB).
 RSAG_MIN_BYTES = 512 * 1024
@@ -94,7 +96,7 @@ class MPIExchanger(Exchanger):
         self._buffers = {}
         self._plans = {}
         self._private = None
-        self.lockstep = Lockstep(self)
+        self.lockstep = Lockstep(self, enabled=os.environ.get(ENVELOPES_ENV, "1") != "0")
         if self.size > 1:
             # Made now, when every rank is known to be here: a communicator
             # made later, by a collective of its own, could pair with another.
@@ -190,7 +192,7 @@ class MPIExchanger(Exchanger):
                 total = self._weight_sum(weight)
                 mean = float(weight) / total
                 self.stats.last_total_weight = total
-            plan = self._plan(arrays, precision, self.size + int(travels))
+            plan = self._plan(arrays, precision, self.lockstep.slots + int(travels))
             # A rank running a padding row (weight 0) adds nothing to sums either.
             summed = 0.0 if weight == 0 else 1.0
             factors = [mean if o == "mean" else summed for o in ops]
@@ -343,7 +345,7 @@ class MPIExchanger(Exchanger):
         if self.size == 1:
             return arrays
         with self.lockstep.collective("broadcast") as envelope:
-            plan = self._plan(arrays, "native", self.size)
+            plan = self._plan(arrays, "native", self.lockstep.slots)
             factors = [1.0 if self.rank == root else 0.0] * len(arrays)
             ops = ["sum"] * len(arrays)
             for group in plan.groups:
@@ -386,7 +388,9 @@ class MPIExchanger(Exchanger):
 
     def barrier(self, timeout=None):
         """Every rank reaches this point: a reduction of the envelopes alone."""
-        if self.size > 1:
+        if self.size > 1 and not self.lockstep.enabled:
+            self._wait(self.comm.Ibarrier(), "barrier", timeout)
+        elif self.size > 1:
             with self.lockstep.collective("barrier") as envelope:
                 plan = self._plan([], "native", self.size)
                 group = plan.groups[0]

@@ -100,6 +100,16 @@ def wait_for(test, what, timeout, on_timeout, patient=True, crowded=False):
     if test():
         return
     deadline = Deadline(what, timeout, on_timeout, sys._getframe())
+    try:
+        _poll(test, deadline, patient, crowded)
+    finally:
+        # The deadline holds this frame and the frame the deadline: without
+        # this, every frame below the wait (the script's too) lived on until
+        # the cyclic garbage collector ran, with its locals and open files.
+        deadline.frame = None
+
+
+def _poll(test, deadline, patient, crowded):
     if not crowded:
         until = deadline.start + SPIN_SECONDS if patient else float("inf")
         polls = 0

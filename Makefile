@@ -9,10 +9,18 @@ PIP     = $(BIN)/python -m pip
 PLUGINS = $(patsubst %/setup.py,%,$(wildcard plugins/*/setup.py))
 EXTRAS  = keras,lasagne,test
 STAMP   = $(VENV)/.tmpi-installed
+# The plugins' wheels, and a package index over them that the venv's pip
+# reads (its pip.conf), so that `pip install tmpi-plugin-gosgd` works by name.
+DIST    = dist
+INDEX   = $(DIST)/simple
+WHEELS  = $(DIST)/.plugin-wheels
+PIPCONF = $(VENV)/pip.conf
+PLUGIN_SOURCES = $(wildcard $(addsuffix /setup.py,$(PLUGINS)) $(addsuffix /pyproject.toml,$(PLUGINS)) \
+                            $(addsuffix /README.md,$(PLUGINS)) $(addsuffix /tmpi_plugin_*/*.py,$(PLUGINS)))
 
 .PHONY: install demo test wheels clean
 
-install: $(STAMP)
+install: $(STAMP) $(WHEELS) $(PIPCONF)
 
 # Re-installs only when packaging files change; editable installs pick up
 # code changes without it.
@@ -23,15 +31,47 @@ $(STAMP): setup.py pyproject.toml constraints.txt Makefile $(wildcard plugins/*/
 	$(BIN)/python -m tmpi_adapters.launch.compat --install-startup-hook
 	touch $(STAMP)
 
+# A PEP 503 index of the wheels in dist/: dist/simple/<name>/index.html.
+define INDEX_WHEELS
+	rm -rf $(INDEX)
+	for path in $(DIST)/*.whl; do \
+		wheel=$${path##*/}; name=$$(echo $${wheel%%-*} | tr _ - | tr A-Z a-z); \
+		mkdir -p $(INDEX)/$$name; \
+		printf '<a href="../../%s">%s</a>\n' $$wheel $$wheel >> $(INDEX)/$$name/index.html; \
+	done
+endef
+
+# Rebuilt only when a plugin's sources change (a few seconds); build/ goes
+# first, or a deleted module would live on in the wheel.
+$(WHEELS): $(STAMP) $(PLUGIN_SOURCES)
+	mkdir -p $(DIST)
+	rm -rf $(addsuffix /build,$(PLUGINS)) $(DIST)/tmpi_plugin_*.whl
+	$(PIP) wheel --quiet --no-deps --no-build-isolation -w $(DIST) $(PLUGINS)
+	$(INDEX_WHEELS)
+	touch $@
+
+# The venv's own pip configuration (the "site" file, read by this venv's pip
+# only): the index of dist/ beside the indexes pip already had.  An index,
+# not find-links: a PIP_FIND_LINKS in the environment would replace that.
+$(PIPCONF): $(STAMP) Makefile
+	inherited=$$($(PIP) config --user get global.extra-index-url 2>/dev/null || \
+		$(PIP) config --global get global.extra-index-url 2>/dev/null); \
+	printf '# Written by make install: this venv pip finds the wheels of %s by name.\n[global]\nextra-index-url = %s\n' \
+		"$(CURDIR)/$(DIST)" "$$inherited file://$(CURDIR)/$(INDEX)" > $@
+
 demo: install
 	$(BIN)/tmpi wrap -n 2 --seed 1 examples/theano_mlp/train.py --epochs 10
 
 test: install
 	$(BIN)/python -m pytest -q --durations=20 tests $(addsuffix /tests,$(PLUGINS))
 
+# The core and every plugin as wheels in dist/: elsewhere,
+# `pip install --find-links dist/ tmpi-plugin-gosgd` installs one by name.
 wheels: install
-	rm -rf dist && mkdir -p dist
-	$(PIP) wheel --quiet --no-deps --no-build-isolation -w dist . $(PLUGINS)
+	rm -rf $(DIST) build $(addsuffix /build,$(PLUGINS)) && mkdir -p $(DIST)
+	$(PIP) wheel --quiet --no-deps --no-build-isolation -w $(DIST) . $(PLUGINS)
+	$(INDEX_WHEELS)
+	touch $(WHEELS)
 
 clean:
-	rm -rf $(VENV) dist build *.egg-info tmpi_adapters.egg-info
+	rm -rf $(VENV) $(DIST) build $(addsuffix /build,$(PLUGINS)) *.egg-info tmpi_adapters.egg-info

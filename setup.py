@@ -1,12 +1,47 @@
 """tmpi-adapters: data-parallel training for existing Theano models."""
+import importlib.util
 import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent
 VERSION = re.search(r'^__version__ = "([^"]+)"',
                     (HERE / "tmpi_adapters" / "version.py").read_text(), re.M).group(1)
+
+
+def _compat():
+    """tmpi_adapters/launch/compat.py, which names the start-up hook and its
+    line (it imports only the standard library)."""
+    spec = importlib.util.spec_from_file_location(
+        "_tmpi_compat", HERE / "tmpi_adapters" / "launch" / "compat.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildWithStartupHook(build_py):
+    """Also writes the start-up hook (``tmpi_adapters_shims.pth``) at the top
+    of the build, so that a wheel installs it into site-packages beside the
+    package: plain ``python``, ``pytest`` and ``mpiexec python`` then get the
+    shims the 2017-era libraries need (and its uninstall removes it).  An
+    editable install has no such place; ``make install`` writes the hook
+    there (``python -m tmpi_adapters.launch.compat --install-startup-hook``)."""
+
+    def run(self):
+        super().run()
+        if not getattr(self, "editable_mode", False):
+            compat = _compat()
+            self.mkpath(self.build_lib)
+            with open(Path(self.build_lib) / compat.STARTUP_HOOK, "w") as handle:
+                handle.write(compat.STARTUP_LINE)
+
+    def get_outputs(self, include_bytecode=1):
+        outputs = super().get_outputs(include_bytecode)
+        if getattr(self, "editable_mode", False):
+            return outputs
+        return outputs + [str(Path(self.build_lib) / _compat().STARTUP_HOOK)]
 
 setup(
     name="tmpi-adapters",
@@ -47,6 +82,7 @@ setup(
         "gpu": ["cupy-cuda12x", "nvidia-nccl-cu12"],
     },
     entry_points={"console_scripts": ["tmpi = tmpi_adapters.launch.cli:run"]},
+    cmdclass={"build_py": BuildWithStartupHook},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -133,8 +133,8 @@ def momentum_one_rank():
 @pytest.mark.mpi
 def test_two_ranks_match_one_rank_with_momentum(momentum_one_rank, tmp_path):
     path = tmp_path / "checkpoint.tar"
-    result = check(tmpi("wrap", "-n", "2", "--framework", "blocks", MNIST, "--epochs", "2",
-                        "--checkpoint", path, "--rule", "bsp"))
+    result = check(tmpi("wrap", "-n", "2", "--framework", "blocks", "--rule", "bsp", MNIST,
+                        "--epochs", "2", "--checkpoint", path))
     two = numbers(result)
     # Parameters, TrainingDataMonitoring and DataStreamMonitoring, per epoch.
     assert_close(two, momentum_one_rank, 1e-8)

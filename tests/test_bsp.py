@@ -29,7 +29,7 @@ def test_wrap_one_rank_equals_plain_python(mlp_one_rank):
 def test_mlp_n_ranks_match_one_rank(mlp_one_rank, n):
     # 50 rows split over 3 or 4 ranks is uneven; the 1500-row epoch ends
     # with a full batch, and 4 ranks on this 2-core machine oversubscribe it.
-    result = check(tmpi("wrap", "-n", str(n), MLP, *MLP_ARGS, "--rule", "bsp"))
+    result = check(tmpi("wrap", "-n", str(n), "--rule", "bsp", MLP, *MLP_ARGS))
     assert_close(mlp_numbers(result), mlp_one_rank, 1e-8)
     # One voice: one set of epoch lines, not one per rank.
     assert result.stdout.count("epoch  1/4") == 1
@@ -73,8 +73,8 @@ def test_givens_style_script_is_split_exactly():
 
 @pytest.mark.mpi
 def test_parameter_averaging_mode_trains(mlp_one_rank):
-    result = check(tmpi("wrap", "-n", "2", MLP, *MLP_ARGS, "--rule-option", "mode=avg",
-                        "--rule-option", "period=2"))
+    result = check(tmpi("wrap", "-n", "2", "--rule-option", "mode=avg",
+                        "--rule-option", "period=2", MLP, *MLP_ARGS))
     val_loss, val_acc = final_numbers(result.stdout, "val_loss")[:2]
     assert val_acc > 0.9, result.stdout
     # Comparable to the exact run, not identical (local momentum, period 2).
@@ -83,6 +83,6 @@ def test_parameter_averaging_mode_trains(mlp_one_rank):
 
 @pytest.mark.mpi
 def test_weak_scaling_round_robin_trains():
-    result = check(tmpi("wrap", "-n", "2", MLP, "--epochs", "6", "--seed", "3",
-                        "--scaling", "weak", "--lr-scaling", "--warmup-steps", "10"))
+    result = check(tmpi("wrap", "-n", "2", "--scaling", "weak", "--lr-scaling",
+                        "--warmup-steps", "10", MLP, "--epochs", "6", "--seed", "3"))
     assert final_numbers(result.stdout, "val_loss")[1] > 0.9, result.stdout

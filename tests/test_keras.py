@@ -130,18 +130,6 @@ def test_weak_scaling_with_warmup_keeps_ranks_identical():
     assert "nan" not in rank_lines(result.stdout, 0, "train-on-batch history")[0]
 
 
-def test_random_streams_jump_ahead_by_rank():
-    import tmpi_adapters  # noqa: F401 -- the shims Theano needs come first
-    from theano.sandbox.rng_mrg import MRG_RandomStreams, ff_2p134
-    from tmpi_adapters.frameworks.keras.streams import jump_streams
-    states = MRG_RandomStreams(seed=99).get_substream_rstates(5, "float32")
-    assert (jump_streams(states, 0) == states).all()
-    twice = jump_streams(states, 2)
-    assert twice.dtype == states.dtype and not (twice == states).any()
-    for row, jumped in zip(states, twice):
-        assert (jumped == ff_2p134(ff_2p134(row))).all()
-
-
 @pytest.mark.mpi
 def test_weak_scaling_with_too_few_samples_is_a_clear_error():
     result = tmpi("wrap", "-n", "2", "--scaling", "weak", MLP, *MLP_ARGS, "--cases",

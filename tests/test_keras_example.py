@@ -4,8 +4,9 @@ import pytest
 from conftest import EXAMPLES, check, final_numbers, rank_env, tmpi
 
 TRAIN = EXAMPLES / "keras_wresnet" / "train.py"
-SMALL = ["--depth", "10", "--width", "1", "--dataset", "synthetic", "--train-size", "768",
-         "--val-size", "128", "--epochs", "3", "--batch-size", "64", "--no-augment"]
+SMALL = ["--depth", "10", "--width", "1", "--dataset", "synthetic", "--train-size", "384",
+         "--val-size", "128", "--image-size", "16", "--epochs", "3", "--batch-size", "64",
+         "--no-augment"]
 
 
 @pytest.mark.mpi

@@ -82,8 +82,9 @@ def test_checkpoints_are_kept_and_the_final_one_extends_to_a_longer_run(short_ru
     assert checkpoints(short_run) == ["checkpoint-step00000020.tmpi",
                                       "checkpoint-step00000030.tmpi"]
     assert not [n for n in os.listdir(short_run) if n.startswith(".")]  # no partial files
+    # Other script arguments than the checkpointed run's: allowed explicitly.
     longer = check(tmpi("wrap", "-n", "1", "--checkpoint-dir", short_run, "--resume", "latest",
-                        MLP, "--epochs", "2", *SHORT))
+                        "--allow-new-arguments", MLP, "--epochs", "2", *SHORT))
     plain = check(tmpi("wrap", "-n", "1", MLP, "--epochs", "2", *SHORT))
     assert_close(finals(longer.stdout), finals(plain.stdout), 1e-12)
 
@@ -123,7 +124,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_checkpoint_of_another_model_is_a_clear_error(short_run):
-    stderr = resume_error(short_run / "checkpoint-step00000020.tmpi",
+    stderr = resume_error(short_run / "checkpoint-step00000020.tmpi", "--allow-new-arguments",
                           script_args=SHORT + ["--epochs", "1", "--hidden", "32"])
     assert "does not fit this model" in stderr
     assert "'W' shape (64, 64)" in stderr and "'W' shape (64, 32)" in stderr
@@ -131,7 +132,7 @@ def test_checkpoint_of_another_model_is_a_clear_error(short_run):
 
 def test_run_that_does_not_retrace_its_checkpoint_is_stopped(short_run):
     # Other batches: the replay sees other arguments than the log has.
-    stderr = resume_error(short_run / "checkpoint-step00000020.tmpi",
+    stderr = resume_error(short_run / "checkpoint-step00000020.tmpi", "--allow-new-arguments",
                           script_args=["--batch-size", "40", "--seed", "3", "--epochs", "1"])
     assert "resume diverged at call #1 (train_fn#0): its arguments differ" in stderr
 

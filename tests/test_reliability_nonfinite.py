@@ -11,14 +11,15 @@ NAN_SCRIPT = SCRIPTS / "reliability_nonfinite.py"
 
 @pytest.mark.mpi
 def test_nonfinite_gradient_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_path):
-    result = tmpi("wrap", "-n", "2", "--checkpoint-dir", tmp_path, "--checkpoint-every", "2",
-                  NAN_SCRIPT, timeout=START_TIMEOUT)
+    result = tmpi("wrap", "-n", "2", "--nonfinite", "stop", "--checkpoint-dir", tmp_path,
+                  "--checkpoint-every", "2", NAN_SCRIPT, timeout=START_TIMEOUT)
     stderr = own_lines(result.stderr)
     assert result.returncode == 5, stderr
     assert "non-finite gradient in step 6 of train#0" in stderr
     assert "'W' has 3 NaN and 0 Inf of 3 values" in stderr and "'b' has 1 NaN" in stderr
-    # Rank 1's rows held the NaN; rank 0 says its own part was fine.
-    assert "rank 0's own gradient was finite: another rank's batch produced it" in stderr
+    # Rank 1's rows held the NaN: whichever rank reports first says where it came from.
+    assert ("rank 0's own gradient was finite: another rank's batch produced it" in stderr
+            or "rank 1's own gradient was already non-finite" in stderr), stderr
     last = os.path.join(tmp_path, "checkpoint-step00000004.tmpi")
     assert "The last good checkpoint is %s" % last in stderr
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-step00000002.tmpi",
@@ -36,9 +37,9 @@ def test_skip_undoes_the_step_as_if_its_batch_was_not_there():
                  1e-12)
 
 
-def test_checks_can_be_turned_off():
-    result = check(tmpi("wrap", "-n", "1", "--nonfinite", "off", NAN_SCRIPT,
-                        timeout=START_TIMEOUT))
+def test_nothing_is_checked_by_default():
+    # What the script does on NaN is the script's business unless asked.
+    result = check(tmpi("wrap", "-n", "1", NAN_SCRIPT, timeout=START_TIMEOUT))
     final_w = [line for line in result.stdout.splitlines() if line.startswith("final W")]
     assert final_w and "nan" in final_w[0], result.stdout  # trained on into NaN, unchecked
     assert "non-finite" not in result.stderr

@@ -264,7 +264,8 @@ def parse_assignments(items):
     result = {}
     for item in items or ():
         if "=" not in item:
-            raise ConfigError("rule option %r must look like name=value (e.g. -o tau=4)" % item)
+            raise ConfigError("rule option %r must look like name=value (e.g. "
+                              "--rule-option tau=4)" % item)
         key, value = item.split("=", 1)
         result[key.strip().replace("-", "_")] = value.strip()
     return result

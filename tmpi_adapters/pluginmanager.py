@@ -40,15 +40,15 @@ BUILTIN_PLUGINS = (
 )
 
 #: Names provided by distributions that may not be installed, for the error
-#: an unknown ``--rule`` gets.  Inside a virtual environment made by ``make
-#: install`` these commands work as they are (its pip finds the project's
-#: wheels); elsewhere, add ``--find-links DIR`` with the wheels' directory.
-KNOWN = {
-    "easgd": "pip install tmpi-plugin-easgd",
-    "gosgd": "pip install tmpi-plugin-gosgd",
-    "asgd": "pip install tmpi-plugin-asgd",
-    "downpour": "pip install tmpi-plugin-asgd",
-}
+#: an unknown ``--rule`` gets.  In the virtual environment ``make install``
+#: makes, ``pip install tmpi-plugin-<rule>`` works as it is: ``make install``
+#: builds the plugins' wheels into ``dist/`` and the venv's ``pip.conf`` names
+#: an index of them.  Anywhere else pip needs to be told where the wheels
+#: are (``make wheels`` builds them all), so the hint says both.
+KNOWN = {name: "pip install %s (in the project's venv as it is; elsewhere add "
+               "--find-links DIR, DIR holding the wheels `make wheels` builds)" % dist
+         for name, dist in (("easgd", "tmpi-plugin-easgd"), ("gosgd", "tmpi-plugin-gosgd"),
+                            ("asgd", "tmpi-plugin-asgd"), ("downpour", "tmpi-plugin-asgd"))}
 
 AUTOLOAD_ENV = "TMPI_DISABLE_PLUGIN_AUTOLOAD"
 TRACE_ENV = "TMPI_TRACE_HOOKS"

@@ -1,9 +1,9 @@
-"""``tmpi bench``: the exchange, the scaling and the overhead, measured side by side.
+"""``tmpi bench``: the exchange, the overhead, the scaling and the collectives, side by side.
 
 The benchmark's code is imported only when ``tmpi bench`` runs: this module
 only registers the command.  :mod:`tmpi_adapters.bench.command` runs the
-parts, each of them a process of its own (:mod:`.exchange`, :mod:`.overhead`,
-:mod:`.scaling`, on the conv net of :mod:`.convnet`).
+parts, each as processes of their own (:mod:`.runs`), on the plain Theano
+models of :mod:`.models`.
 """
 from tmpi_adapters.pluginmanager import hookimpl
 
@@ -15,4 +15,4 @@ def cmd_bench(argv):
 
 @hookimpl
 def tmpi_commands():
-    return {"bench": (cmd_bench, "measure exchange, scaling and overhead (bench/)")}
+    return {"bench": (cmd_bench, "measure exchange, overhead, scaling and collectives (bench/)")}

@@ -1,10 +1,13 @@
 """The exchange half of `tmpi bench`, run on every rank under ``mpiexec``.
 
-``python -m tmpi_adapters.bench.exchange --json OUT [--width W] [--repetitions R]``
+``python -m tmpi_adapters.bench.exchange --json OUT [--width W] [--repetitions R]
+[--model alexnet|wide] [--cases NAME,...] [--latency]``
 
 Reduces the gradients of a whole model (AlexNet's parameter shapes, channel
-widths scaled by ``--width``) in every way side by side, repetition after
-repetition so that a noisy machine slows all of them alike:
+widths scaled by ``--width``, or the wide conv net of
+:mod:`tmpi_adapters.bench.models`) in every way side by side (or the
+``--cases`` named), repetition after repetition so that a noisy machine
+slows all of them alike:
 
 ``raw_allreduce``            one mpi4py ``Allreduce(send, recv)`` of one flat
                              float32 buffer of the same byte size (the floor);
@@ -21,7 +24,8 @@ repetition so that a noisy machine slows all of them alike:
 
 Beside them, the ring-allreduce floor ``2(N-1)/N * bytes / bandwidth`` with the
 bandwidth of one ring step (``Sendrecv`` of ``bytes/N``) measured in the same
-run.  Rank 0 writes the medians and every sample as JSON.
+run, and with ``--latency`` the one-way latency of a small message (half a
+ping-pong's round trip).  Rank 0 writes the medians and every sample as JSON.
 """
 import argparse
 import socket
@@ -31,7 +35,7 @@ import time
 import numpy as np
 
 import tmpi_adapters  # noqa: F401 - applies the shims and thread settings
-from tmpi_adapters.bench.command import write_result
+from tmpi_adapters.bench.runs import write_result
 
 #: AlexNet's layers (single tower): (output channels or units, input, kernel).
 _ALEXNET = (("conv1", 96, 3, 11), ("conv2", 256, 96, 5), ("conv3", 384, 256, 3),
@@ -56,6 +60,33 @@ def alexnet_shapes(width=1.0):
         shapes.append((out,))
         previous = out
     return shapes
+
+
+def model_shapes(model, width):
+    """The gradients' shapes of ``model`` (``alexnet`` at ``width``, or ``wide``)."""
+    if model == "wide":
+        from tmpi_adapters.bench.models import MODELS, convnet_shapes
+        return convnet_shapes(MODELS["wide"][2])
+    return alexnet_shapes(width)
+
+
+def one_way_latency(comm, repetitions=200):
+    """``(min, median)`` seconds of half a ping-pong of 8 bytes between ranks 0 and 1."""
+    rank = comm.Get_rank()
+    buf = np.zeros(8, dtype=np.uint8)
+    samples = []
+    comm.Barrier()
+    for _ in range(repetitions + 20):
+        start = time.perf_counter()
+        if rank == 0:
+            comm.Send(buf, 1, 7)
+            comm.Recv(buf, 1, 7)
+        elif rank == 1:
+            comm.Recv(buf, 0, 7)
+            comm.Send(buf, 0, 7)
+        samples.append((time.perf_counter() - start) / 2)
+    samples = comm.bcast(samples[20:], root=0)
+    return min(samples), statistics.median(samples)
 
 
 def ring_step_seconds(comm, nbytes, repetitions):
@@ -209,21 +240,23 @@ def summarize(samples, wire, nbytes, size, ring_step_s):
         # back to back, under the same load.
         return statistics.median(x / y for x, y in zip(table[a], table[b]))
 
-    ratios = {
-        "fused_over_raw_allreduce": ratio("fused", "raw_allreduce"),
-        "fused_over_raw_allreduce_in_place": ratio("fused", "raw_allreduce_in_place"),
-        "fused_mpi_algorithm_over_raw_allreduce": ratio("fused_mpi_algorithm",
-                                                        "raw_allreduce"),
-        "per_parameter_over_fused": ratio("per_parameter", "fused"),
-        "fp16_over_fp32": ratio("fused_fp16", "fused"),
-        "bf16_over_fp32": ratio("fused_bf16", "fused"),
-        "fused_over_ring_floor": median["fused"] / floor if floor > 0 else None,
+    pairs = {
+        "fused_over_raw_allreduce": ("fused", "raw_allreduce"),
+        "fused_over_raw_allreduce_in_place": ("fused", "raw_allreduce_in_place"),
+        "fused_mpi_algorithm_over_raw_allreduce": ("fused_mpi_algorithm", "raw_allreduce"),
+        "per_parameter_over_fused": ("per_parameter", "fused"),
+        "fp16_over_fp32": ("fused_fp16", "fused"),
+        "bf16_over_fp32": ("fused_bf16", "fused"),
+        "torch_gloo_over_fused": ("torch_gloo", "fused"),
     }
+    ratios = {key: ratio(a, b) for key, (a, b) in pairs.items()
+              if a in samples and b in samples}
+    if "fused" in median and floor > 0:
+        ratios["fused_over_ring_floor"] = median["fused"] / floor
     if wire.get("fused") and min(wire["fused"]) > 0:
         for fmt in ("fp16", "bf16"):
-            ratios["%s_over_fp32_wire" % fmt] = ratio("fused_" + fmt, "fused", wire)
-    if "torch_gloo" in median:
-        ratios["torch_gloo_over_fused"] = ratio("torch_gloo", "fused")
+            if wire.get("fused_" + fmt):
+                ratios["%s_over_fp32_wire" % fmt] = ratio("fused_" + fmt, "fused", wire)
     return {
         "median_s": median,
         "wire_median_s": wire_median,
@@ -242,20 +275,33 @@ def main(argv=None):
     parser.add_argument("--width", type=float, default=1.0,
                         help="AlexNet width multiplier (1: 250 MB of gradients)")
     parser.add_argument("--repetitions", type=int, default=9)
+    parser.add_argument("--model", choices=("alexnet", "wide"), default="alexnet",
+                        help="whose gradients: AlexNet's (at --width) or the wide conv net's")
+    parser.add_argument("--cases", help="only these cases, comma-separated (default: all)")
+    parser.add_argument("--latency", action="store_true",
+                        help="also measure the one-way latency of a small message")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch peer")
     args = parser.parse_args(argv)
     from mpi4py import MPI
     from tmpi_adapters.exchangers import codecs
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    shapes = alexnet_shapes(args.width)
-    cases = Cases(comm, shapes, skip_torch=args.no_torch)
+    shapes = model_shapes(args.model, args.width)
+    wanted = args.cases.split(",") if args.cases else None
+    cases = Cases(comm, shapes, skip_torch=args.no_torch or (
+        wanted is not None and "torch_gloo" not in wanted))
+    table = {name: case for name, case in cases.table().items()
+             if wanted is None or name in wanted}
+    latency = one_way_latency(comm) if args.latency and size > 1 else None
     ring_step = ring_step_seconds(comm, cases.nbytes // size, max(3, args.repetitions))
-    samples, wire = measure(cases.table(), comm, args.repetitions)
+    samples, wire = measure(table, comm, args.repetitions)
     result = summarize(samples, wire, cases.nbytes, size, ring_step)
+    if latency is not None:
+        result["latency_s"] = {"min": latency[0], "median": latency[1]}
     result.update({
         "ranks": size,
-        "model": "AlexNet parameter shapes, width %g" % args.width,
+        "model": ("the wide conv net's parameter shapes" if args.model == "wide"
+                  else "AlexNet parameter shapes, width %g" % args.width),
         "arrays": len(shapes),
         "parameters": int(sum(np.prod(s) for s in shapes)),
         "bytes": cases.nbytes,

@@ -1,67 +1,57 @@
-"""The overhead half of `tmpi bench`: one rank, wrapped step against plain step.
+"""The overhead part of `tmpi bench`: one wrapped rank against the plain script.
 
-``python -m tmpi_adapters.bench.overhead --json OUT [--steps S] [--batch-size B]``
-
-Compiles the benchmark conv net twice in one process: first with plain
-Theano, then inside a one-rank tmpi session (what ``tmpi wrap -n 1`` does to a
-script: hooked ``theano.grad``/``theano.function``, the in-graph exchange Op,
-batch splitting, the recorder).  The two training functions then take steps
-alternately, ABBA, so that a busy machine slows both alike; a separate
-process per variant would compare two different moments of a shared machine.
+For each model of :mod:`tmpi_adapters.bench.models` (the compute-bound conv
+net, the many-array ``deep`` MLP, the latency-bound ``tiny`` MLP) the plain
+script (``python models.py``) and ``tmpi wrap -n 1 models.py`` run as
+separate processes, as a user runs them, with the same BLAS threads given to
+both explicitly.  The processes take turns, round after round and model
+after model (ABBA), so that a shared machine's swings hit both alike; every
+process reports the seconds of each timed step, and a round's overhead is
+the ratio of the two processes' median steps, minus one.  The part's
+overhead is the median over rounds.
 """
-import argparse
 import statistics
-import time
 
-import tmpi_adapters  # noqa: F401 - applies the shims before Theano is imported
-from tmpi_adapters.bench.command import write_result
+from tmpi_adapters.bench.runs import (models_script, paired_ratio, parse_steps, python, run,
+                                      tool)
 
-
-def alternate(plain, wrapped, x, y, batch_size, steps, warmup):
-    """Seconds per step of each function, stepping them in ABBA order."""
-    samples = {"plain": [], "wrapped": []}
-    order = [("plain", plain), ("wrapped", wrapped)]
-    n = len(x)
-    for i in range(warmup + steps):
-        lo = (i * batch_size) % (n - batch_size + 1)
-        xb, yb = x[lo:lo + batch_size], y[lo:lo + batch_size]
-        for name, fn in (order if i % 2 == 0 else order[::-1]):
-            start = time.perf_counter()
-            fn(xb, yb)
-            if i >= warmup:
-                samples[name].append(time.perf_counter() - start)
-    return samples
+#: The models whose overhead is measured, and the steps each process times
+#: at full length (steps take ~110 ms, ~12 ms and ~3 ms).
+MODELS = {"convnet": 30, "deep": 150, "tiny": 600}
+VARIANTS = ("plain", "wrapped")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", required=True)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--warmup", type=int, default=3)
-    args = parser.parse_args(argv)
-    from tmpi_adapters.bench.convnet import build, generated_images
-    from tmpi_adapters.options import Options
-    from tmpi_adapters.core.session import Session
-    x, y = generated_images(max(4 * args.batch_size, 512))
-    plain = build()
-    session = Session(Options(framework="theano", seed=0, summary=False)).start()
-    try:
-        wrapped = build()
-        samples = alternate(plain, wrapped, x, y, args.batch_size, args.steps, args.warmup)
-    finally:
-        session.finish()
-    # Each step's ratio to its neighbour cancels the machine's slow swings.
-    ratios = sorted(w / p - 1.0 for p, w in zip(samples["plain"], samples["wrapped"]))
-    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-    result = {"batch_size": args.batch_size, "steps": args.steps,
-              "plain_median_s": statistics.median(samples["plain"]),
-              "wrapped_median_s": statistics.median(samples["wrapped"]),
-              "overhead": statistics.median(ratios),
-              "overhead_quartiles": [quartiles[0], quartiles[-1]],
-              "samples_s": samples}
-    write_result(args.json, result)
+def command(variant, model, steps, threads):
+    """The plain script's or ``tmpi wrap -n 1``'s command line."""
+    script = [models_script(), "--model", model, "--steps", str(steps), "--warmup", "5"]
+    if variant == "plain":
+        return [python()] + script
+    return [tool("tmpi"), "wrap", "-n", "1", "--threads-per-rank", str(threads),
+            "--no-summary"] + script
 
 
-if __name__ == "__main__":
-    main()
+def measure(models, rounds, scale, threads=1, tick=lambda text: None):
+    """The overhead of each of ``models``; ``scale`` multiplies the timed steps."""
+    samples = {m: {v: [] for v in VARIANTS} for m in models}
+    for r, model in ((r, m) for r in range(rounds) for m in models):
+        steps = max(5, int(MODELS[model] * scale))
+        for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+            stdout = run(command(variant, model, steps, threads),
+                         "%s %s" % (variant, model), threads=threads)
+            samples[model][variant].append(parse_steps(stdout)["seconds"])
+        tick("overhead: %s, round %d" % (model, r + 1))
+    return {"threads": threads, "rounds": rounds,
+            "models": {m: summarize(samples[m]) for m in models}}
+
+
+def summarize(samples):
+    """Medians, the per-round overheads and their median (the headline)."""
+    plain = [statistics.median(s) for s in samples["plain"]]
+    wrapped = [statistics.median(s) for s in samples["wrapped"]]
+    ratio, extent = paired_ratio(wrapped, plain)
+    return {"steps": len(samples["plain"][0]),
+            "plain_median_s": statistics.median(plain),
+            "wrapped_median_s": statistics.median(wrapped),
+            "plain_round_medians_s": plain, "wrapped_round_medians_s": wrapped,
+            "overhead": ratio - 1.0, "overhead_range": [extent[0] - 1.0, extent[1] - 1.0],
+            "samples_s": samples}

@@ -3,7 +3,17 @@
 Strong scaling gives each of the ``size`` ranks a contiguous, balanced share
 of every batch.  A rank whose share is empty (a batch with fewer rows than
 ranks) runs one *padding row* with weight 0: it takes part in the step's
-collectives, and its gradient and outputs count for nothing.
+collectives, and its gradient and outputs count for nothing.  An empty batch
+(0 rows) is run whole by every rank, as one process would run it; rank 0's
+results count (:func:`local_share`).
+
+The rows of a batch are found along each array's *batch axis*: axis 0 unless
+the graph says otherwise (a sequence model's ``(time, batch, ...)`` inputs
+have theirs on axis 1; :mod:`tmpi_adapters.core.layout` reads it from the
+graph once, when the function is compiled).  ``axes`` arguments below give
+one batch axis per value (``None``: the value carries no batch), in the same
+structure as the values (a list, or a dict for keyword arguments); without
+them every array's batch axis is 0.
 """
 import numpy as np
 
@@ -28,31 +38,79 @@ def local_rows(rows, rank, size):
     return lo, hi, weight
 
 
-def is_rows(value, rows):
-    """True for a numpy array whose first dimension is the batch's ``rows``."""
-    return isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == rows
+def local_share(rows, rank, size):
+    """``(lo, hi, weight, total)``: :func:`local_rows`, and the sum of every
+    rank's weight.
+
+    An empty batch (``rows == 0``) has no row to pad with: every rank runs it
+    whole (``[0, 0)``), and rank 0's results stand for all (weight 1 on rank
+    0, 0 elsewhere, total 1), so N ranks take the step one process takes.
+    """
+    if rows == 0:
+        return 0, 0, int(rank == 0), 1
+    lo, hi, weight = local_rows(rows, rank, size)
+    return lo, hi, weight, rows
 
 
-def batch_rows(values):
-    """A call's batch size: the commonest first dimension of its numpy arrays
-    (``None`` when it has none)."""
-    leading = [v.shape[0] for v in values if isinstance(v, np.ndarray) and v.ndim >= 1]
+def _axis(axes, key):
+    if axes is None:
+        return 0
+    try:
+        return axes[key]
+    except (KeyError, IndexError):
+        return 0
+
+
+def axis_size(value, axis):
+    """The length of ``value`` along ``axis``, or ``None`` when it is not an
+    array with that axis."""
+    if axis is None or not isinstance(value, np.ndarray) or value.ndim <= axis:
+        return None
+    return value.shape[axis]
+
+
+def is_rows(value, rows, axis=0):
+    """True for a numpy array whose ``axis`` has the batch's ``rows``."""
+    return axis_size(value, axis) == rows
+
+
+def batch_rows(values, axes=None):
+    """A call's batch size: the commonest length of its numpy arrays along
+    their batch axes (``None`` when it has none)."""
+    if isinstance(values, dict):
+        pairs = [(v, _axis(axes, k)) for k, v in values.items()]
+    else:
+        pairs = [(v, _axis(axes, i)) for i, v in enumerate(values)]
+    leading = [n for n in (axis_size(v, a) for v, a in pairs) if n is not None]
     if not leading:
         return None
     found, counts = np.unique(leading, return_counts=True)
     return int(found[np.argmax(counts)])
 
 
-def cut_rows(values, rows, lo, hi):
+def take_rows(value, lo, hi, axis=0):
+    """Rows ``[lo, hi)`` of ``value`` along ``axis`` (a view for axis 0, a
+    contiguous copy otherwise: Theano's C code prefers it)."""
+    if axis == 0:
+        return value[lo:hi]
+    index = (slice(None),) * axis + (slice(lo, hi),)
+    return np.ascontiguousarray(value[index])
+
+
+def cut_rows(values, rows, lo, hi, axes=None):
     """``values`` (a list, or a dict of keyword arguments) with every batch
-    array cut to rows ``[lo, hi)``; other values pass through."""
+    array cut to rows ``[lo, hi)`` along its batch axis; other values pass
+    through."""
+    def cut(value, axis):
+        return take_rows(value, lo, hi, axis) if is_rows(value, rows, axis) else value
     if isinstance(values, dict):
-        return {k: v[lo:hi] if is_rows(v, rows) else v for k, v in values.items()}
-    return [v[lo:hi] if is_rows(v, rows) else v for v in values]
+        return {k: cut(v, _axis(axes, k)) for k, v in values.items()}
+    return [cut(v, _axis(axes, i)) for i, v in enumerate(values)]
 
 
 def check_ranks_vs_rows(rows, size, name):
-    """A clear error for a first batch with fewer rows than ranks."""
+    """A clear error for a batch with fewer rows than ranks, for callers that
+    cannot pad (training functions pad such batches instead)."""
     if rows < size:
         raise ConfigError(
             "%s was called with a batch of %d rows on %d ranks: each rank needs at least one "

@@ -9,6 +9,10 @@ through the session and the rule), the returned values are combined across
 ranks, and the session ends the step (the rule's duties after a step, the
 ``tmpi_after_step`` hook).
 
+:class:`SplitFunction` is a function that does not train but whose inputs
+carry a batch (validation, prediction): its calls are split across ranks
+too, and what it returns is combined in one collective.
+
 :class:`ObservedFunction` is any other compiled function, seen by the
 ``tmpi_call`` hook (a resume replays it) and otherwise untouched.
 """
@@ -16,8 +20,9 @@ import itertools
 
 import numpy as np
 
-from tmpi_adapters.core.batches import batch_rows, check_ranks_vs_rows, cut_rows, local_rows
-from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.core.batches import batch_rows, local_share
+from tmpi_adapters.errors import ConfigError, TmpiError
+from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.pluginmanager import hookimpl
 
 
@@ -53,31 +58,51 @@ class DistributedFunction:
     Calls look exactly like calls of the Theano function it wraps; other
     attributes are forwarded to it.
 
-    Strong scaling (default): every array argument whose first dimension is the
-    batch's is cut to this rank's contiguous share (or, in the ``givens``
-    style, the dataset slice is); the step's gradients are averaged weighted
-    by rows, so the result is the one-process result.  Returned scalars are
-    averaged the same way; returned arrays with one row per sample are
-    concatenated.
+    Strong scaling (default): every array argument whose batch axis (axis 0,
+    or as the graph says: :mod:`tmpi_adapters.core.layout`) has the batch's
+    length is cut to this rank's contiguous share (or, in the ``givens``
+    style, the dataset slice is; shared variables that carry the batch are
+    sliced alike: :mod:`tmpi_adapters.core.split`); the step's gradients are
+    averaged weighted by rows, so the result is the one-process result.
+    Returned values combine as :mod:`tmpi_adapters.core.outputs` says.  A
+    batch with fewer rows than ranks leaves some ranks a padding row of
+    weight 0; an empty batch is run whole by every rank, rank 0's results
+    counting, as one process would run it.
 
     Weak scaling (``--scaling weak``): the first call is split as above; after
     it, each group of N consecutive calls is one step in which rank r trains on
     the r-th call's whole batch (a global batch of N*B).  Calls that only hand
     a rank its batch return the latest step's results.
+
+    Parameters
+    ----------
+    adapter, compiled, model
+        The framework adapter, the compiled Theano function, its ModelProtocol.
+    plan : tmpi_adapters.core.split.SplitPlan or None
+        Where each call's batch is (``None`` on one rank: arrays' axis 0).
+    single_output : bool
+        The function returns one value, not a list.
+    combiner : tmpi_adapters.core.outputs.Combiner, optional
+        Combines, after each step, what the step's exchange did not carry.
+    first_split : callable, optional
+        ``first_split(rows)``, called before the first call whose batch is
+        split; it returns the function compiled again (a graph that writes the
+        batch size in, rebuilt for each rank's rows) or ``None``.
     """
 
-    def __init__(self, adapter, compiled, model, sliced, bounds_fn, single_output,
-                 combiner=None):
+    def __init__(self, adapter, compiled, model, plan=None, single_output=False,
+                 combiner=None, first_split=None):
         self.adapter = adapter
         self.session = adapter.session
         self.fn = compiled
         self.model = model
-        self.sliced = sliced
-        self.bounds_fn = bounds_fn
+        self.plan = plan
         self.single_output = single_output
         self.calls = 0
         #: combines, after each step, what the step's exchange did not carry
         self.combiner = combiner
+        self._first_split = first_split
+        self._split_once = False
         self._stash = None
         self._latest = None
         self._last_outputs = None
@@ -91,32 +116,23 @@ class DistributedFunction:
         return "<tmpi DistributedFunction %s of %r>" % (self.model.name, self.fn)
 
     # -- batches --------------------------------------------------------------------
+    @property
+    def sliced(self):
+        """True in the ``givens`` style: the datasets' slices are the batch."""
+        return bool(self.plan is not None and self.plan.sliced)
+
     def rows_of(self, args, kwargs):
         """``(rows, bounds)``: a call's global batch rows (``None`` when no batch is
         found) and, in the ``givens`` style, the slice bounds of each dataset."""
-        if self.sliced:
-            raw = [int(b) for b in self.bounds_fn(*args, **kwargs)]
-            # Python slice semantics: negative and past-the-end bounds clip.
-            bounds = []
-            for start, stop, length in zip(raw[::3], raw[1::3], raw[2::3]):
-                start, stop, _ = slice(start, stop).indices(length)
-                bounds += [start, max(start, stop)]
-            lengths = {stop - start for start, stop in zip(bounds[::2], bounds[1::2])}
-            if len(lengths) != 1:
-                raise TmpiError(
-                    "%s slices its givens to different lengths %s in one call; tmpi cannot "
-                    "split such a batch across ranks." % (self.model.name, sorted(lengths)))
-            return lengths.pop(), bounds
-        return batch_rows(itertools.chain(args, kwargs.values())), None
+        if self.plan is None:
+            return batch_rows(list(itertools.chain(args, kwargs.values()))), None
+        return self.plan.rows_of(self.model.name, args, kwargs)
 
     def _local_call(self, args, kwargs, rows, bounds, lo, hi):
         """Arguments that make the compiled function see rows ``[lo, hi)``."""
-        if self.sliced:
-            for s, start in zip(self.sliced, bounds[::2]):
-                s.lo.set_value(np.int64(start + lo))
-                s.hi.set_value(np.int64(start + hi))
+        if self.plan is None:
             return args, kwargs
-        return cut_rows(args, rows, lo, hi), cut_rows(kwargs, rows, lo, hi)
+        return self.plan.local_call(self.model.name, args, kwargs, rows, bounds, lo, hi)
 
     @property
     def key(self):
@@ -143,11 +159,28 @@ class DistributedFunction:
             if self.sliced:
                 self._local_call(args, kwargs, rows, bounds, 0, rows)
             return self._step(args, kwargs, weight=rows or 1, rows=rows, batch=rows)
-        if self.calls == 1:
-            check_ranks_vs_rows(rows, session.size, self.model.name)
-        lo, hi, weight = local_rows(rows, session.rank, session.size)
+        first = not self._split_once
+        if first:
+            self._split_once = True
+            if self.plan is not None and self.plan.problem:
+                raise ConfigError(axis_problem(self.model.name, self.plan.problem))
+            if self._first_split is not None:
+                self.fn = self._first_split(rows) or self.fn
+        lo, hi, weight, total = local_share(rows, session.rank, session.size)
         local_args, local_kwargs = self._local_call(args, kwargs, rows, bounds, lo, hi)
-        return self._step(local_args, local_kwargs, weight=weight, rows=hi - lo, batch=rows)
+        try:
+            # An empty batch is one row's worth of weight for rank 0 (the
+            # envelope's rows and the exchange's total).
+            return self._step(local_args, local_kwargs, weight=weight, rows=hi - lo,
+                              batch=total)
+        except (TmpiError, KeyboardInterrupt):
+            raise
+        except Exception as error:
+            if first:
+                explained = explain(self.fn, rows, session.size, self.model.name, error)
+                if explained is not None:
+                    raise explained from error
+            raise
 
     def step_local(self, *args, **kwargs):
         """One step on this rank's whole batch, whatever the scaling mode.
@@ -174,12 +207,7 @@ class DistributedFunction:
         if values and self.combiner is not None:
             values = self.combiner(values, weight, rows, total=batch)
         session.end_step(self.model, weight, outputs=values)
-        if self.single_output:
-            result = values[0]
-        elif isinstance(outputs, tuple):
-            result = tuple(values)
-        else:
-            result = values if outputs is not None else outputs
+        result = restore_outputs(values, outputs, self.single_output)
         self._last_outputs = result
         return result
 
@@ -215,6 +243,34 @@ class DistributedFunction:
             self._run_stash()
 
 
+def restore_outputs(values, outputs, single_output):
+    """Combined ``values`` in the form the compiled function returned ``outputs``."""
+    if single_output:
+        return values[0]
+    if isinstance(outputs, tuple):
+        return tuple(values)
+    return values if outputs is not None else outputs
+
+
+def axis_problem(name, problem):
+    """The paragraph of the error for a batch whose axis the graph does not tell."""
+    return ("%s: tmpi cannot tell which axis of its inputs holds the examples (%s), so it "
+            "cannot split its batches across ranks. Make the cost a mean over one axis of "
+            "examples (cost.sum() / x.shape[1] for (time, batch) inputs), or run with "
+            "--scaling weak so that each rank takes whole batches." % (name, problem))
+
+
+def explain(compiled, rows, size, name, error):
+    """The clear error for a first split call that failed because the graph
+    writes the batch size in, or ``None``."""
+    from tmpi_adapters.core.fixedbatch import explain as explain_fixed
+    maker = getattr(compiled, "maker", None)
+    fgraph = getattr(maker, "fgraph", None)
+    if fgraph is None:
+        return None
+    return explain_fixed(fgraph.toposort(), rows, size, name, error)
+
+
 class ObservedFunction:
     """A compiled function tmpi does not distribute (validation, prediction).
 
@@ -239,6 +295,85 @@ class ObservedFunction:
 
     def __call__(self, *args, **kwargs):
         return self._tmpi_session.call(self, "other", self._tmpi_fn, args, kwargs)
+
+
+class SplitFunction(ObservedFunction):
+    """A function that does not train (validation, prediction, a metric) whose
+    calls are split across ranks like training steps.
+
+    Each call runs this rank's share of the batch and combines the returned
+    values in one collective (:class:`~tmpi_adapters.core.outputs.Combiner`:
+    means weighted by rows, sums added, per-row values gathered in order,
+    values not from the batch left alone) under the envelope
+    ``eval <key> call <n> (<rows> rows)``, so N ranks return the one-process
+    values and evaluation gets faster with ranks.  When the first split call
+    fails on some rank (a graph that does not run on part of a batch), every
+    rank runs the function whole from then on, as it did before tmpi split it.
+
+    Parameters
+    ----------
+    session, fn, key
+        As :class:`ObservedFunction`'s.
+    plan : tmpi_adapters.core.split.SplitPlan
+    combiner : tmpi_adapters.core.outputs.Combiner
+    single_output : bool
+    first_split : callable, optional
+        As :class:`DistributedFunction`'s.
+    """
+
+    def __init__(self, session, fn, key, plan, combiner, single_output, first_split=None):
+        super().__init__(session, fn, key, has_updates=False)
+        self._tmpi_plan = plan
+        self._tmpi_combiner = combiner
+        self._tmpi_single = single_output
+        self._tmpi_first_split = first_split
+        self._tmpi_calls = 0
+        self._tmpi_whole = False
+
+    def __repr__(self):
+        return "<tmpi SplitFunction %s of %r>" % (self.key, self._tmpi_fn)
+
+    def __call__(self, *args, **kwargs):
+        return self._tmpi_session.call(self, "other", self._tmpi_split_call, args, kwargs)
+
+    def _tmpi_split_call(self, *args, **kwargs):
+        session, plan = self._tmpi_session, self._tmpi_plan
+        rows, bounds = plan.rows_of(self.key, args, kwargs)
+        if rows is None or self._tmpi_whole:
+            return self._tmpi_whole_call(args, kwargs, rows, bounds)
+        self._tmpi_calls += 1
+        first = self._tmpi_calls == 1
+        lo, hi, weight, total = local_share(rows, session.rank, session.size)
+        failed = None
+        try:
+            if first and self._tmpi_first_split is not None:
+                self._tmpi_fn = self._tmpi_first_split(rows) or self._tmpi_fn
+            local_args, local_kwargs = plan.local_call(self.key, args, kwargs, rows, bounds,
+                                                       lo, hi)
+            outputs = self._tmpi_fn(*local_args, **local_kwargs)
+        except Exception as error:  # noqa: BLE001 - agreed on below, then re-raised whole
+            if not first or isinstance(error, TmpiError):
+                raise
+            failed = error
+        exchanger = session.exchanger
+        saved = exchanger.lockstep_envelope
+        exchanger.set_envelope(Envelope("eval", self.key, call=self._tmpi_calls, rows=total))
+        try:
+            if first and any(exchanger.allgather_object(failed is not None)):
+                self._tmpi_whole = True
+            else:
+                values = [outputs] if self._tmpi_single else list(outputs or [])
+                values = self._tmpi_combiner(values, weight, hi - lo, total=total)
+                return restore_outputs(values, outputs, self._tmpi_single)
+        finally:
+            exchanger.set_envelope(saved)
+        return self._tmpi_whole_call(args, kwargs, rows, bounds)
+
+    def _tmpi_whole_call(self, args, kwargs, rows, bounds):
+        if self._tmpi_plan.sliced or self._tmpi_plan.shared:
+            args, kwargs = self._tmpi_plan.local_call(self.key, args, kwargs, rows, bounds,
+                                                      0, rows)
+        return self._tmpi_fn(*args, **kwargs)
 
 
 def _hold(args, kwargs):

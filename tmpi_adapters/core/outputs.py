@@ -7,30 +7,41 @@ into the one-process value depends on what they are, read from the graph:
     a mean over the batch's rows (``T.mean(loss)``, a Keras loss): the
     ranks' values averaged, weighted by their rows.
 ``"sum"``
-    a sum over the batch's rows (``T.sum(loss)``, ``add_metric(K.sum(...))``):
-    the ranks' values added.
+    a sum over the batch's rows (``T.sum(loss)``, ``x.shape[0]``): the
+    ranks' values added.
+``"max"``, ``"min"``
+    the largest or smallest value over the batch (``probs.max()``): the
+    extremum over ranks.
 ``"same"``
-    computed from no batch at all (a learning rate, a parameter's norm):
-    every rank already has the one-process value.
+    computed from no batch at all (a learning rate, a parameter's norm), or
+    only from axes that are not split (a sequence's length): every rank
+    already has the one-process value.
 ``"rows"``
-    one value per row (predictions, per-sample losses): gathered in rank order.
+    one value per row (predictions, per-sample losses): gathered in rank
+    order along the value's batch axis.
 
-A scalar is classified by walking its graph down to the reduction that
+A value is classified by walking its graph down to the reduction that
 makes it: a ``Sum`` over batch rows is a sum; a sum divided by a count taken
 from the batch's shape is a mean; scaling by values that do not come from the
-batch keeps the kind.  What the walk cannot classify keeps tmpi's long-standing
-default, the weighted mean; a script says otherwise by naming the output
-``<name>:sum`` or ``<name>:mean`` (the suffix is what tmpi reads; Theano
-ignores it).  Non-scalar values are classified on the first call, the same
-way on every rank (:meth:`~tmpi_adapters.core.session.Session.output_kinds`).
+batch keeps the kind.  With a :class:`~tmpi_adapters.core.rowwise.RowWise`
+the walk also checks that what is reduced is row-wise and reduced over the
+batch axis, and recognises per-row values and counts of rows; without one
+(a function whose graph was not analysed) a scalar the walk cannot classify
+keeps tmpi's long-standing default, the weighted mean.  A script says
+otherwise by naming the output ``<name>:sum`` or ``<name>:mean`` (the suffix
+is what tmpi reads; Theano ignores it).
 """
 import numpy as np
 
 from tmpi_adapters.core.graph import ancestors
+from tmpi_adapters.core.rowwise import MIXED, SAME, SHAPE
 
-KINDS = ("mean", "sum", "same", "rows")
+KINDS = ("mean", "sum", "max", "min", "same", "rows")
 #: The suffixes of a variable's name that say how it combines.
 _NAMED = {":sum": "sum", ":mean": "mean"}
+#: A non-scalar value that depends on the batch: rows or a mean, decided on
+#: the first call.
+UNDECIDED = "?"
 
 
 def named_kind(variable):
@@ -42,69 +53,108 @@ def named_kind(variable):
     return None
 
 
-#: A non-scalar value that depends on the batch: rows or a mean, decided on
-#: the first call.
-UNDECIDED = "?"
-
-
-def classify(variable, data, default="mean"):
+def classify(variable, data, default="mean", rows=None, strict=True):
     """The kind of a returned ``variable`` whose batch comes from ``data``
     (the function's inputs and ``givens`` targets that carry it).
 
-    Returns one of :data:`KINDS`, ``default`` for a scalar the graph does not
-    explain, or :data:`UNDECIDED` for a non-scalar value computed from the
-    batch.
+    Returns one of :data:`KINDS`; for a value the graph does not explain,
+    ``default`` for a scalar and :data:`UNDECIDED` for a non-scalar.
+    ``rows`` (a :class:`~tmpi_adapters.core.rowwise.RowWise`) makes the walk
+    check what it reduces (see the module doc); with ``strict=False`` what
+    that walk cannot explain is walked again without the checks (a training
+    step's ``T.sum`` of a scan's states is still a sum).
     """
     named = named_kind(variable)
     if named is not None:
         return named
     if not _depends(variable, data):
         return "same"
-    if getattr(variable, "ndim", 0) != 0:
-        return UNDECIDED
-    return _scalar_kind(variable, data) or default
+    if rows is not None:
+        mark = rows(variable)
+        if isinstance(mark, int) and getattr(variable, "ndim", 0):
+            return "rows"
+    kind = _reduced_kind(variable, data, rows)
+    if kind is None and rows is not None and not strict:
+        kind = _reduced_kind(variable, data, None)
+    if kind is not None:
+        return kind
+    return default if getattr(variable, "ndim", 0) == 0 else UNDECIDED
 
 
 def _depends(variable, data):
     return bool(set(ancestors([variable])) & data)
 
 
-def _scalar_kind(variable, data, depth=0):
-    """``"mean"``, ``"sum"``, ``"same"`` or ``None`` (unknown) for a scalar."""
+_SWAP = {"max": "min", "min": "max", "mean": "mean", "sum": "sum"}
+
+
+def _reduced_kind(variable, data, rows, depth=0):
+    """``"mean"``, ``"sum"``, ``"max"``, ``"min"``, ``"same"`` or ``None`` (unknown)."""
     from theano import scalar
     from theano.tensor.elemwise import CAReduce, DimShuffle, Elemwise
     if depth > 50:
         return None
     if not _depends(variable, data):
         return "same"
+    if rows is not None:
+        mark = rows(variable)
+        if mark == SHAPE:
+            return _count_kind(variable, rows.layout)
+        if mark is SAME:
+            return "same"
     node = variable.owner
     if node is None:
         return None
     op = node.op
     if isinstance(op, DimShuffle):
-        return _scalar_kind(node.inputs[0], data, depth + 1)
-    if isinstance(op, CAReduce) and isinstance(op.scalar_op, scalar.Add):
-        if node.inputs[0].ndim == 0:  # a sum of one number is that number
-            return _scalar_kind(node.inputs[0], data, depth + 1)
-        return "sum"
+        return _reduced_kind(node.inputs[0], data, rows, depth + 1)
+    if isinstance(op, CAReduce) or type(op).__name__ == "MaxAndArgmax":
+        source = node.inputs[0]
+        if source.ndim == 0:  # a sum of one number is that number
+            return _reduced_kind(source, data, rows, depth + 1)
+        if rows is not None:
+            mark = rows(source)
+            axes = getattr(op, "axis", None)
+            if not isinstance(mark, int) or (axes is not None and mark not in axes):
+                return None
+        if type(op).__name__ == "MaxAndArgmax":
+            return "max" if node.outputs.index(variable) == 0 else None
+        scalar_op = op.scalar_op
+        if isinstance(scalar_op, scalar.Add):
+            return "sum"
+        if isinstance(scalar_op, scalar.Maximum):
+            return "max"
+        if isinstance(scalar_op, scalar.Minimum):
+            return "min"
+        return None
     if not isinstance(op, Elemwise):
         return None
     scalar_op = op.scalar_op
     batch = [i for i in node.inputs if _depends(i, data)]
-    if isinstance(scalar_op, (scalar.Neg, scalar.Cast, scalar.Identity)):
-        return _scalar_kind(node.inputs[0], data, depth + 1)
+    if isinstance(scalar_op, (scalar.Cast, scalar.Identity)):
+        return _reduced_kind(node.inputs[0], data, rows, depth + 1)
+    if isinstance(scalar_op, scalar.Neg):
+        return _SWAP.get(_reduced_kind(node.inputs[0], data, rows, depth + 1))
     if isinstance(scalar_op, scalar.Mul) and len(batch) == 1:
-        return _scalar_kind(batch[0], data, depth + 1)
+        kind = _reduced_kind(batch[0], data, rows, depth + 1)
+        return kind if kind in ("mean", "sum") else None
     if isinstance(scalar_op, (scalar.TrueDiv, scalar.IntDiv)):
         numerator, denominator = node.inputs
-        kind = _scalar_kind(numerator, data, depth + 1)
+        kind = _reduced_kind(numerator, data, rows, depth + 1)
+        if kind not in ("mean", "sum"):
+            return None
         if not _depends(denominator, data):
             return kind
-        if kind == "sum" and counts_rows(denominator, data):
+        if rows is None:
+            return "mean" if kind == "sum" and counts_rows(denominator, data) else None
+        count = _reduced_kind(denominator, data, rows, depth + 1)
+        if count == "same":
+            return kind  # divided by a length that is not split
+        if count == "sum" and kind == "sum":
             return "mean"
         return None
     if isinstance(scalar_op, (scalar.Add, scalar.Sub)):
-        kinds = {_scalar_kind(i, data, depth + 1) for i in batch}
+        kinds = {_reduced_kind(i, data, rows, depth + 1) for i in batch}
         constant = len(batch) < len(node.inputs)
         if kinds == {"mean"}:
             return "mean"  # a weighted mean of (m + c) is (mean + c)
@@ -112,6 +162,18 @@ def _scalar_kind(variable, data, depth=0):
             return "sum"
         return None
     return None
+
+
+def _count_kind(variable, layout):
+    """A value computed from the batch's sizes alone: a count of rows sums
+    over ranks; lengths of axes that are not split are the same everywhere."""
+    factors = layout.factors(variable)
+    if factors is None:
+        return None
+    batch = [f for f in factors if layout.is_batch_size(f)]
+    if not batch:
+        return "same" if all(f is not None for f in factors) else None
+    return "sum" if len(batch) == 1 else None
 
 
 def counts_rows(variable, data):
@@ -143,17 +205,24 @@ def counts_rows(variable, data):
 class Combiner:
     """Combines, after a call, the values the call's own exchange did not carry.
 
+    One collective per call: an allreduce when every value is a mean or a
+    sum, otherwise one gather of every rank's packed values, combined the
+    same way on every rank.
+
     Parameters
     ----------
     session : tmpi_adapters.core.session.Session
     kinds : list
         Per returned value: a kind of :data:`KINDS`, :data:`UNDECIDED`, or
         ``None`` (nothing to do: the step's exchange carried it).
+    axes : list of int, optional
+        Per value, the batch axis of ``"rows"`` values (0 by default).
     """
 
-    def __init__(self, session, kinds):
+    def __init__(self, session, kinds, axes=None):
         self.session = session
         self.kinds = list(kinds)
+        self.axes = list(axes) if axes is not None else [0] * len(self.kinds)
 
     @property
     def needed(self):
@@ -168,19 +237,56 @@ class Combiner:
             return values
         if UNDECIDED in self.kinds:
             self._decide(values, rows)
+        active = [i for i, kind in enumerate(self.kinds) if kind not in (None, "same")]
+        if all(self.kinds[i] in ("mean", "sum") for i in active):
+            return self._allreduce(values, active, weight, total)
+        return self._gathered(values, active, weight)
+
+    def _allreduce(self, values, active, weight, total):
         result = list(values)
-        reduced = [i for i, kind in enumerate(self.kinds) if kind in ("mean", "sum")]
-        if reduced:
-            arrays = [np.asarray(values[i], dtype=np.float64) for i in reduced]
-            ops = [self.kinds[i] for i in reduced]
-            for i, value in zip(reduced, session.exchanger.allreduce(
-                    arrays, ops=ops, weight=weight, total=total)):
-                like = np.asarray(values[i])
-                result[i] = value.astype(like.dtype)[()] if like.dtype.kind in "fc" \
-                    else value[()]
-        for i, kind in enumerate(self.kinds):
+        arrays = [np.asarray(values[i], dtype=np.float64) for i in active]
+        reduced = self.session.exchanger.allreduce(
+            arrays, ops=[self.kinds[i] for i in active], weight=weight, total=total)
+        for i, value in zip(active, reduced):
+            result[i] = _like(value, values[i])
+        return result
+
+    def _gathered(self, values, active, weight):
+        """Every rank's values in one gather, combined in rank order."""
+        parts, counts = [], []
+        for i in active:
+            value = np.asarray(values[i])
+            if self.kinds[i] == "rows":
+                value = np.moveaxis(value, self.axes[i], 0)[:int(weight)]
+                counts.append(value.shape[0])
+            else:
+                counts.append(0)
+            parts.append(np.ascontiguousarray(value))
+        header = np.asarray([0, weight] + counts, dtype=np.int64)
+        body = b"".join(p.tobytes() for p in parts)
+        header[0] = header.nbytes + len(body)
+        packed = np.frombuffer(header.tobytes() + body, dtype=np.uint8)
+        gathered = self.session.exchanger.allgather_rows(packed)
+        blocks = _unpack(gathered, parts, [self.kinds[i] for i in active])
+        result = list(values)
+        for k, i in enumerate(active):
+            kind = self.kinds[i]
+            weights = [w for w, _ in blocks]
+            pieces = [block[k] for _, block in blocks]
+            counted = [p for w, p in zip(weights, pieces) if w > 0] or pieces[:1]
             if kind == "rows":
-                result[i] = session.exchanger.allgather_rows(np.asarray(values[i])[:int(weight)])
+                combined = np.moveaxis(np.concatenate(pieces, axis=0), 0, self.axes[i])
+            elif kind == "mean":
+                total = float(sum(weights)) or 1.0
+                combined = sum(p.astype(np.float64) * (w / total)
+                               for w, p in zip(weights, pieces))
+            elif kind == "sum":
+                combined = sum(counted[1:], counted[0].copy())
+            elif kind == "max":
+                combined = np.maximum.reduce(counted)
+            else:
+                combined = np.minimum.reduce(counted)
+            result[i] = _like(np.asarray(combined), values[i])
         return result
 
     def _decide(self, values, rows):
@@ -191,3 +297,36 @@ class Combiner:
         votes = self.session.exchanger.allgather_object(local)
         for k, i in enumerate(undecided):
             self.kinds[i] = "rows" if all(v[k] for v in votes) else "mean"
+
+
+def _like(value, original):
+    """``value`` in ``original``'s dtype (integers rounded, not truncated), a
+    numpy scalar for a scalar."""
+    like = np.asarray(original)
+    if like.dtype.kind in "iub" and value.dtype.kind == "f":
+        value = np.rint(value)
+    value = value.astype(like.dtype, copy=False)
+    return value[()] if value.ndim == 0 else value
+
+
+def _unpack(gathered, parts, kinds):
+    """``[(weight, [piece per value]), ...]`` per rank from a gather of packed blocks."""
+    raw = gathered.tobytes()
+    blocks, offset, n = [], 0, len(parts)
+    while offset < len(raw):
+        header = np.frombuffer(raw, dtype=np.int64, count=2 + n, offset=offset)
+        length, weight, counts = int(header[0]), int(header[1]), header[2:]
+        cursor = offset + header.nbytes
+        pieces = []
+        for part, kind, count in zip(parts, kinds, counts):
+            if kind == "rows":
+                shape = (int(count),) + part.shape[1:]
+            else:
+                shape = part.shape
+            size = int(np.prod(shape, dtype=np.int64)) * part.dtype.itemsize
+            pieces.append(np.frombuffer(raw, dtype=part.dtype, count=size // part.dtype.itemsize,
+                                        offset=cursor).reshape(shape))
+            cursor += size
+        blocks.append((weight, pieces))
+        offset += length
+    return blocks

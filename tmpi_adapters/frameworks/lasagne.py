@@ -11,11 +11,13 @@ what only Lasagne knows:
     step counters) is recorded as optimizer state and, when Lasagne left it
     unnamed, named after its parameter (``W.adam[0]``).
 ``lasagne.layers.get_output``
-    remembers the networks whose expressions the script builds, and makes the
-    noise layers in them (``DropoutLayer``, ``GaussianNoiseLayer``, any layer
-    drawing from its ``_srng``) draw their random numbers for the *whole*
-    batch and keep this rank's rows: dropout masks are the one-process masks,
-    so BSP stays exact with dropout.
+    remembers the networks whose expressions the script builds, and hands
+    the noise layers in them (``DropoutLayer``, ``GaussianNoiseLayer``, any
+    layer drawing from its ``_srng``) a
+    :class:`~tmpi_adapters.frameworks.random_streams.RowSplitStreams`: they
+    draw their random numbers for the *whole* batch and keep this rank's rows
+    (even where a layer declares its batch size), so dropout masks are the
+    one-process masks and BSP stays exact with dropout.
 the networks' parameters
     (``lasagne.layers.get_all_params``, every tag) that a training function
     reads without updating them -- the generator inside a GAN critic's
@@ -32,14 +34,13 @@ when this module is imported.
 import functools
 import inspect
 
-import numpy as np
-
 from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.pluginmanager import hookimpl
 from tmpi_adapters.core.protocol import ModelProtocol
 from tmpi_adapters.frameworks.base import imports_module
-from tmpi_adapters.core.function import DistributedFunction
 from tmpi_adapters.core.graph import is_marker
+from tmpi_adapters.frameworks.random_streams import (RowSplitFunction, RowSplitStreams,
+                                                     is_random_streams, random_rows)
 from tmpi_adapters.frameworks.theano import TheanoAdapter
 
 #: ``lasagne.updates`` functions that do not return an updates dictionary.
@@ -61,111 +62,6 @@ def import_lasagne():
     return lasagne
 
 
-# ------------------------------------------------------------------ noise layers
-
-class NoiseWindow:
-    """Which rows of the whole batch a rank's noise layers draw for.
-
-    One shared int64 vector ``(a, b, c, d)``: for a local batch of ``n`` rows a
-    noise layer draws ``a + b*n`` rows and keeps rows ``[c + d*n, c + d*n + n)``.
-
-    ``(0, 1, 0, 0)`` (outside training steps, and on one rank): draw ``n``, keep all.
-    ``(rows, 0, lo, 0)`` (strong scaling): draw the whole batch, keep this rank's share.
-    ``(0, size, 0, rank)`` (weak scaling): ranks take distinct slabs of one draw.
-    """
-
-    def __init__(self):
-        import theano
-        self.coefficients = theano.shared(np.array([0, 1, 0, 0], dtype="int64"),
-                                          name="tmpi_noise_window")
-
-    def _set(self, *values):
-        self.coefficients.set_value(np.array(values, dtype="int64"))
-
-    def local(self):
-        self._set(0, 1, 0, 0)
-
-    def whole_batch(self, rows, lo):
-        self._set(rows, 0, lo, 0)
-
-    def stacked(self, size, rank):
-        self._set(0, size, 0, rank)
-
-    def draw_rows_and_offset(self, local_rows):
-        """Symbolic ``(rows to draw, first row kept)`` for ``local_rows`` rows."""
-        a, b, c, d = [self.coefficients[i] for i in range(4)]
-        return a + b * local_rows, c + d * local_rows
-
-
-def _dims(size):
-    """``size`` of a random draw as a tuple, or ``None`` when its length is unknown."""
-    import theano.tensor as T
-    if isinstance(size, (tuple, list)):
-        return tuple(size)
-    try:
-        length = T.get_vector_length(size)
-    except (ValueError, TypeError):
-        return None
-    return tuple(size[i] for i in range(length))
-
-
-def _is_one(dim):
-    """True when a draw's first dimension is the constant 1 (shared over the batch)."""
-    import theano.tensor as T
-    if isinstance(dim, (int, np.integer)):
-        return int(dim) == 1
-    try:
-        return int(T.get_scalar_constant_value(dim)) == 1
-    except T.NotScalarConstantError:
-        return False
-
-
-class RowSplitStreams:
-    """Stands in for a noise layer's random streams while its expression is built.
-
-    Draws of a batch-shaped ``size`` are made for the rows :class:`NoiseWindow`
-    says and sliced to this rank's rows, so every rank consumes its generator
-    exactly as the one-process run does and keeps its own rows of the same
-    sample.  Other attributes are the wrapped streams'.
-    """
-
-    def __init__(self, streams, window):
-        self._streams = streams
-        self._window = window
-
-    def __getattr__(self, name):
-        return getattr(self._streams, name)
-
-    def uniform(self, size, *args, **kwargs):
-        return self._draw("uniform", size, args, kwargs)
-
-    def binomial(self, size=None, *args, **kwargs):
-        return self._draw("binomial", size, args, kwargs)
-
-    def normal(self, size, *args, **kwargs):
-        return self._draw("normal", size, args, kwargs)
-
-    def _draw(self, method, size, args, kwargs):
-        draw = getattr(self._streams, method)
-        dims = _dims(size) if size is not None else None
-        if not dims or _is_one(dims[0]):
-            return draw(size, *args, **kwargs)
-        if method in ("uniform", "binomial") and hasattr(self._streams, "n_streams"):
-            # MRG picks its stream count from a constant size; keep the count
-            # the one-process draw uses, or its numbers would differ.
-            bound = inspect.signature(draw).bind_partial(size, *args, **kwargs)
-            if bound.arguments.get("nstreams") is None:
-                kwargs = dict(kwargs, nstreams=self._streams.n_streams(size))
-        local_rows = dims[0]
-        rows, offset = self._window.draw_rows_and_offset(local_rows)
-        sample = draw((rows,) + tuple(dims[1:]), *args, **kwargs)
-        return sample[offset:offset + local_rows]
-
-
-def _is_random_streams(obj):
-    return all(callable(getattr(obj, m, None)) for m in ("uniform", "binomial", "normal"))
-
-
 # ------------------------------------------------------------------ the adapter
 
 class LasagneAdapter(TheanoAdapter):
@@ -178,7 +74,6 @@ class LasagneAdapter(TheanoAdapter):
         super().__init__(session)
         self.function_class = LasagneFunction
         self.networks = []
-        self.window = None
         self.update_rules = []          # names of the lasagne.updates rules called
         self._optimizer_state = {}      # id -> shared variable made by lasagne.updates
         self._originals = {}            # id(original) -> hooked replacement
@@ -190,7 +85,6 @@ class LasagneAdapter(TheanoAdapter):
         super().install()
         lasagne = self._lasagne = import_lasagne()
         helper = lasagne.layers.helper
-        self.window = NoiseWindow()
         self._get_output = helper.get_output
         self._hook(helper.get_output, self.get_output, (lasagne.layers, helper), "get_output")
         for name, rule in _update_rules(lasagne.updates):
@@ -213,12 +107,12 @@ class LasagneAdapter(TheanoAdapter):
         """``lasagne.layers.get_output``: remembers the network; noise layers in it
         draw for the whole batch (see :class:`RowSplitStreams`)."""
         self._remember(layer_or_layers)
-        swapped = []
-        for layer in self._lasagne.layers.get_all_layers(layer_or_layers):
+        swapped, rows = [], random_rows(self)
+        for layer in self._lasagne.layers.get_all_layers(layer_or_layers) if rows else ():
             streams = getattr(layer, "_srng", None)
             if (streams is not None and not isinstance(streams, RowSplitStreams)
-                    and _is_random_streams(streams)):
-                layer._srng = RowSplitStreams(streams, self.window)
+                    and is_random_streams(streams)):
+                layer._srng = RowSplitStreams(streams, rows)
                 swapped.append((layer, streams))
         try:
             return self._get_output(layer_or_layers, inputs, **kwargs)
@@ -320,22 +214,24 @@ class LasagneAdapter(TheanoAdapter):
     # -- end of run -------------------------------------------------------------------
     def check_finished(self):
         if not self.functions and self.update_rules:
-            raise TmpiError(
+            self.warn_trained_nothing(
                 "the script built updates with lasagne.updates.%s but compiled no "
-                "theano.function that applies them (%d function(s) compiled): tmpi "
-                "distributes the training function, theano.function(inputs, outputs, "
-                "updates=updates). Check that it is compiled with those updates while the "
-                "script runs under tmpi." % (self.update_rules[0],
-                                             self.session.functions_compiled))
+                "theano.function that applies them (%d function(s) compiled), so nothing "
+                "was distributed: tmpi distributes the training function, "
+                "theano.function(inputs, outputs, updates=updates). If the script should "
+                "train, check that it is compiled with those updates while the script runs "
+                "under tmpi." % (self.update_rules[0], self.session.functions_compiled))
+            return
         super().check_finished()
 
 
-class LasagneFunction(DistributedFunction):
+class LasagneFunction(RowSplitFunction):
     """A distributed training function of a Lasagne script.
 
-    Adds to :class:`~tmpi_adapters.frameworks.theano.DistributedFunction`: the
-    identical start of the network parameters it only reads, the noise window
-    of each step, and a clear error for networks with a fixed batch size.
+    Adds to :class:`~tmpi_adapters.frameworks.random_streams.RowSplitFunction`
+    (whose noise layers draw for the whole batch): the identical start of the
+    network parameters it only reads, and a clear error for networks with a
+    fixed batch size.
     """
 
     def __init__(self, adapter, compiled, model, *args, **kwargs):
@@ -354,21 +250,6 @@ class LasagneFunction(DistributedFunction):
             if first and self.session.size > 1:
                 self._explain_fixed_batch(error)
             raise
-        finally:
-            self.adapter.window.local()
-
-    def _weak_step(self):
-        return self.session.options.scaling == "weak" and self.calls > 1
-
-    def _local_call(self, args, kwargs, rows, bounds, lo, hi):
-        if not self._weak_step():
-            self.adapter.window.whole_batch(rows, lo)
-        return super()._local_call(args, kwargs, rows, bounds, lo, hi)
-
-    def _step(self, args, kwargs, weight, rows, batch=None):
-        if self._weak_step():
-            self.adapter.window.stacked(self.session.size, self.session.rank)
-        return super()._step(args, kwargs, weight, rows, batch=batch)
 
     def _explain_fixed_batch(self, error):
         fixed = self.adapter.fixed_batch_inputs(self.fn)

@@ -16,50 +16,42 @@ While the script runs, two Theano entry points are hooked:
     (updates that use gradients or nothing from the data) or model state
     (updates computed from the data, like BatchNorm statistics).
 
-Batches are found in the call's arguments (numpy arrays sharing a first
-dimension) or, for scripts in the ``givens={x: data[i*B:(i+1)*B]}`` style, in
-the slices of shared datasets, which are rewritten to each rank's share.
-Functions without updates (validation, prediction) run unchanged on every
-rank: their results are identical everywhere.
+Batches are found in the call's arguments (numpy arrays sharing the length
+of their batch axis: axis 0, or axis 1 for the ``(time, batch, ...)`` inputs
+of sequence models, read from the graph by :mod:`tmpi_adapters.core.layout`),
+for scripts in the ``givens={x: data[i*B:(i+1)*B]}`` style in the slices of
+shared datasets, and in shared variables the adapter names
+(:meth:`TheanoAdapter.batch_variables`); each is rewritten to the rank's
+share (:mod:`tmpi_adapters.core.split`).  A graph that writes the batch size
+in (``x.reshape((batch_size, 1, 28, 28))``, ``conv2d(input_shape=...)``) is
+rebuilt for each rank's rows (:mod:`tmpi_adapters.core.fixedbatch`).
+
+Functions without updates whose inputs carry a batch (validation, prediction)
+are split too, when the graph says how each returned value combines
+(:mod:`tmpi_adapters.core.outputs`): means, sums, extrema and per-row values
+(:class:`~tmpi_adapters.core.function.SplitFunction`).  Other functions run
+unchanged on every rank: their results are identical everywhere.  All of this
+happens on more than one rank only: on one rank the script's graphs are its
+own.
 """
 import inspect
 import itertools
 import sys
 
-import numpy as np
-
 from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
 from tmpi_adapters.core.graph import ancestors, is_marker
 from tmpi_adapters.core.outputs import Combiner, classify
 from tmpi_adapters.core.protocol import ModelProtocol, variable_name
+from tmpi_adapters.core.split import input_variables
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.frameworks.base import FrameworkAdapter, imports_module
+from tmpi_adapters.frameworks import transparency
+from tmpi_adapters.frameworks.theano_split import (analyse_function, pairs, row_axes,
+                                                   split_compiler, split_evaluation)
 from tmpi_adapters.pluginmanager import hookimpl
 
 _function_ids = itertools.count()
-
-
-class _SlicedGiven:
-    """A ``givens`` value ``data[start:stop]`` rewritten to ``data[lo:hi]``."""
-
-    def __init__(self, value):
-        import theano
-        from theano.tensor.subtensor import Subtensor, get_idx_list
-        node = value.owner
-        if node is None or not isinstance(node.op, Subtensor):
-            raise ValueError("not a subtensor")
-        idx = get_idx_list(node.inputs, node.op.idx_list)
-        first = idx[0]
-        if not isinstance(first, slice) or first.step is not None or first.stop is None:
-            raise ValueError("not a plain slice on axis 0")
-        self.start = first.start if first.start is not None else 0
-        self.stop = first.stop
-        self.length = node.inputs[0].shape[0]
-        self.lo = theano.shared(np.int64(0), name="tmpi_lo")
-        self.hi = theano.shared(np.int64(0), name="tmpi_hi")
-        base = node.inputs[0]
-        self.value = base[(slice(self.lo, self.hi),) + tuple(idx[1:])]
 
 
 class TheanoAdapter(FrameworkAdapter):
@@ -71,11 +63,22 @@ class TheanoAdapter(FrameworkAdapter):
     #: subclass, or ``None`` for :class:`DistributedFunction` itself
     function_class = None
 
+    @property
+    def split_evaluations(self):
+        """Whether functions that do not train but take a batch (validation,
+        prediction) are split across ranks.  Adapters that split their
+        framework's evaluation themselves say False (a class attribute will
+        do); Keras' adapter splits its test function itself (``KerasEvaluation``)."""
+        return self.name != "keras"
+
     def __init__(self, session):
         super().__init__(session)
         self.functions = []
         self._original_grad = None
         self._original_function = None
+        #: the cost each gradient marker was taken of (marker index -> cost):
+        #: its divisions name the batch axis (:mod:`tmpi_adapters.core.layout`)
+        self._costs = {}
 
     # -- installing -------------------------------------------------------------
     def install(self):
@@ -93,6 +96,7 @@ class TheanoAdapter(FrameworkAdapter):
         module = sys.modules.get("theano.compile.function")
         if module is not None and getattr(module, "function", None) is self._original_function:
             self.patcher.patch(module, "function", function)
+        self.transparency = transparency.install(self)  # row-wise random draws, files written once
 
     def rebind(self, namespace):
         swaps = {id(self._original_grad): self.grad, id(self._original_function): self.function}
@@ -108,6 +112,7 @@ class TheanoAdapter(FrameworkAdapter):
         wrts = [wrt] if single else list(wrt)
         grads = [result] if single else list(result)
         marked = [self._mark(g, w) for g, w in zip(grads, wrts)]
+        self.remember_cost(cost, marked)
         if single:
             return marked[0]
         return tuple(marked) if isinstance(result, tuple) else marked
@@ -121,6 +126,15 @@ class TheanoAdapter(FrameworkAdapter):
                 and g.dtype.startswith("float")):
             return GradientMarker(wrt)(g)
         return g
+
+    def remember_cost(self, cost, gradients):
+        """Note that the marked ``gradients`` were taken of ``cost`` (only
+        needed on more than one rank: the batch axis is read from it)."""
+        if self.session.size == 1 or cost is None:
+            return
+        for gradient in gradients:
+            if is_marker(gradient):
+                self._costs[gradient.owner.op.index] = cost
 
     # -- theano.function ----------------------------------------------------------
     def compile(self, *args, **kwargs):
@@ -155,6 +169,10 @@ class TheanoAdapter(FrameworkAdapter):
         markers = sorted({v.owner for v in ancestors(graph) if is_marker(v)},
                          key=lambda node: node.op.index)
         if not markers:
+            split = split_evaluation(self, bound, output_list, rebuild_outputs, update_pairs,
+                                     updates)
+            if split is not None:
+                return split
             return self._observed(self.compile(*args, **kwargs), params)
         updated = [var for var, _ in update_pairs]
         params_of = []
@@ -182,11 +200,12 @@ class TheanoAdapter(FrameworkAdapter):
         return ObservedFunction(self.session, compiled, key, bool(params.get("updates")))
 
     def _rebuilt(self, bound, output_list, rebuild_outputs, update_pairs, replace, updates,
-                 givens=None, step=None):
+                 givens=None, step=None, transform=None):
         """``theano.function``'s arguments with ``replace`` made in the outputs
         and updates (and ``givens`` swapped in).  With ``step`` (a
         :class:`_StepExchange`), the outputs and updates it carries are taken
-        from the clone of its one exchange."""
+        from the clone of its one exchange; ``transform`` rewrites the whole
+        cloned graph (a fixed batch size made the rank's own)."""
         import theano
         graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
         graph += [expr for _, expr in update_pairs]
@@ -194,6 +213,8 @@ class TheanoAdapter(FrameworkAdapter):
         # One clone of everything: the exchange's node is cloned once, so the
         # step stays one collective however many places use its results.
         cloned = theano.clone(graph + extra, replace=replace) if graph else []
+        if transform is not None and cloned:
+            cloned = transform(cloned)
         if step is not None:
             cloned = step.substitute(cloned[:len(graph)], cloned[len(graph):],
                                      len(output_list), [var for var, _ in update_pairs])
@@ -249,10 +270,19 @@ class TheanoAdapter(FrameworkAdapter):
         key = "%s#%d" % (arguments.get("name") or "train_fn", index)
 
         inputs = list(arguments.get("inputs") or [])
-        data = set(_input_variables(inputs))
         givens = arguments.get("givens")
-        given_pairs = list(givens.items()) if hasattr(givens, "items") else list(givens or [])
-        data.update(var for var, _ in given_pairs)
+        given_pairs = pairs(givens)
+        graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
+        graph += [expr for _, expr in update_pairs]
+        outputs = graph[:len(output_list)]
+        plan = rows = None
+        if session.size > 1:
+            costs = self._costs_of(markers) + [o for o in outputs if o.ndim == 0]
+            plan, rows = analyse_function(self, inputs, given_pairs, graph, costs, update_pairs,
+                                          slice_givens=self.batch_mode() == "rows")
+            data = set(plan.data)
+        else:
+            data = set(input_variables(inputs)) | {var for var, _ in given_pairs}
         optimizer_state, model_state = [], []
         marker_outputs = {node.outputs[0] for node in markers}
         for var, expr in update_pairs:
@@ -263,8 +293,6 @@ class TheanoAdapter(FrameworkAdapter):
                 optimizer_state.append(var)
             else:
                 model_state.append(var)
-        graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
-        graph += [expr for _, expr in update_pairs]
         model = self.make_model(key, params, optimizer_state, model_state, graph, data)
         # Names for the recorder's loss/accuracy curves (None where unnamed).
         model.output_names = [getattr(getattr(o, "variable", o), "name", None)
@@ -272,53 +300,60 @@ class TheanoAdapter(FrameworkAdapter):
         # The exchanged gradients' order, for messages about them.
         model.gradient_names = [variable_name(node.op.wrt, i) for i, node in enumerate(markers)]
 
-        outputs = graph[:len(output_list)]
-        kinds = [classify(o, data, self._default_kind()) for o in outputs]
+        default = self._default_kind()
+        kinds = [classify(o, data, default, rows=rows, strict=False) for o in outputs]
         step = None
         if session.rule.exchanges == "gradients" and (session.size > 1 or
                                                       session.watches_exchanges()):
             step = _StepExchange(self, key, markers, outputs, kinds, update_pairs, model,
                                  marker_outputs)
-            replace = step.replace
+            replace = dict(step.replace)
         else:
             replace = {node.outputs[0]: node.inputs[0] for node in markers}
-
-        sliced, new_givens = [], None
-        if given_pairs and self.batch_mode() == "rows":
-            new_pairs = []
-            for var, value in given_pairs:
-                try:
-                    s = _SlicedGiven(value)
-                except ValueError:
-                    new_pairs.append((var, value))
-                    continue
-                sliced.append(s)
-                new_pairs.append((var, s.value))
-            if sliced:
-                new_givens = type(givens)(new_pairs) if hasattr(givens, "items") else new_pairs
-        compile_args, compile_kwargs = self._rebuilt(bound, output_list, rebuild_outputs,
-                                                     update_pairs, replace, updates, new_givens,
-                                                     step=step)
-        if sliced and compile_kwargs.get("on_unused_input") is None:
-            # The batch index now only feeds the slice bounds computed outside.
-            compile_kwargs["on_unused_input"] = "ignore"
-        compiled = self.compile(*compile_args, **compile_kwargs)
-        bounds_fn = None
-        if sliced:
-            bounds_fn = self._original_function(
-                inputs, [v for s in sliced for v in (s.start, s.stop, s.length)],
-                on_unused_input="ignore", allow_input_downcast=True)
+        compile_with, first_split = split_compiler(
+            self, key, bound, output_list, rebuild_outputs, update_pairs, updates, graph, plan,
+            replace, step)
+        compiled = compile_with(None)
         # What the step's exchange did not combine is combined after the call.
         after = [None if step is not None and i in step.carried else kind
                  for i, kind in enumerate(kinds)]
         function_class = self.function_class or DistributedFunction
-        function = function_class(self, compiled, model, sliced, bounds_fn,
+        function = function_class(self, compiled, model, plan=plan,
                                   single_output=rebuild_outputs.single,
-                                  combiner=Combiner(session, after))
+                                  combiner=Combiner(session, after, row_axes(rows, outputs)),
+                                  first_split=first_split)
         model.train_fn = function
         session.register_model(model)
         self.functions.append(function)
         return function
+
+    def _costs_of(self, markers):
+        found = []
+        for node in markers:
+            cost = self._costs.get(node.op.index)
+            if cost is not None and not any(cost is c for c in found):
+                found.append(cost)
+        return found
+
+    def batch_variables(self, inputs, outputs, updates):
+        """Shared variables that carry the batch of a function being compiled.
+
+        Called on more than one rank for every function tmpi may split, with
+        ``theano.function``'s ``inputs``, its ``outputs`` (a list of
+        variables) and ``updates`` (a list of pairs).  Returns the shared
+        variables (a list, the same on every rank, in the same order) whose
+        batch axis holds one entry per example of every call's batch: Keras'
+        ``target_tensors`` given as a ``K.variable``, a script's own
+        per-example weights kept in a shared variable.  Each is read like an
+        input (its batch axis is axis 0 unless the graph says otherwise),
+        replaced in the compiled graph by ``variable[lo:hi]`` along that axis,
+        and before every call ``lo``/``hi`` are set to this rank's share of the
+        call's rows, like a ``givens`` slice (the variable's value itself is
+        never changed).  A call whose batch has another number of rows than
+        the variable is a clear error.  Adapters that know such variables
+        override this; none by default.
+        """
+        return []
 
     def _default_kind(self):
         """How a scalar output the graph does not explain combines."""
@@ -338,13 +373,19 @@ class TheanoAdapter(FrameworkAdapter):
     # -- end of run ---------------------------------------------------------------
     def check_finished(self):
         if not self.functions:
-            raise TmpiError(
-                "the script compiled %d Theano function(s) but no training function: tmpi "
-                "distributes a theano.function whose updates use gradients from theano.grad "
-                "with respect to shared variables (the trainable parameters). Check that the "
-                "script builds its updates from theano.grad (or a framework optimizer) and "
-                "that --framework matches the script."
-                % self.session.functions_compiled)
+            self.warn_trained_nothing(
+                "the script compiled %d Theano function(s) but no training function, so "
+                "nothing was distributed: tmpi distributes a theano.function whose updates "
+                "use gradients from theano.grad with respect to shared variables (the "
+                "trainable parameters). If the script should train, check that it builds "
+                "its updates from theano.grad (or a framework optimizer) and that "
+                "--framework matches the script." % self.session.functions_compiled)
+
+    def warn_trained_nothing(self, text):
+        """Say once (rank 0) that the script trained nothing.  Not an error: an
+        evaluation-only run or a gradient monitor is a run, and its exit
+        status stays the script's."""
+        self.session.print("tmpi: warning: %s" % text, file=sys.stderr)
 
 
 class _StepExchange:
@@ -408,12 +449,6 @@ class _StepExchange:
                 result[n_outputs + k] = (var + exchanged[position]) if accumulates \
                     else exchanged[position]
         return result
-
-
-def _input_variables(inputs):
-    from theano.compile.io import In
-    for i in inputs:
-        yield i.variable if isinstance(i, In) else i
 
 
 def _normalize_outputs(outputs):

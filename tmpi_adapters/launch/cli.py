@@ -1,9 +1,9 @@
 """The ``tmpi`` command.
 
-``tmpi wrap [-n N] [options] SCRIPT [script args]``
-    run an unmodified training script on N ranks.  tmpi's options may come
-    before or after the script; everything else (and everything after ``--``)
-    goes to the script.
+``tmpi wrap [-n N] [options] SCRIPT [args]``, ``tmpi wrap [options] -m MODULE [args]``
+    run an unmodified training script (or module, as ``python -m``) on N
+    ranks.  As with ``python``, ``mpiexec`` and ``torchrun``, tmpi's options
+    come before the script; everything after it is the script's, untouched.
 ``tmpi plugins``
     list installed plugins, their versions and the hooks they implement.
 """
@@ -30,8 +30,9 @@ def add_run_arguments(parser):
                        metavar="NAME=VALUE", help="a knob of the rule, e.g. tau=4 (repeat)")
     add_option_arguments(group)
     launch = parser.add_argument_group("launching")
-    launch.add_argument("--threads-per-rank", type=int, default=1,
-                        help="BLAS/OpenMP threads per rank (default 1)")
+    launch.add_argument("--threads-per-rank", type=int, default=None, metavar="T",
+                        help="BLAS/OpenMP threads per rank (default: the cores divided "
+                             "among the ranks, at least 1; with -n 1 the libraries' own)")
     launch.add_argument("--mpiexec", help="the mpiexec to use (default: the one installed "
                         "with tmpi, else the first on PATH)")
     launch.add_argument("--mpiexec-arg", dest="mpiexec_args", action="append", default=[],
@@ -44,7 +45,7 @@ def options_from_args(namespace):
     """Build :class:`Options` from parsed arguments (plugin options go to ``extra``)."""
     values = vars(namespace)
     launch_only = {"n", "rule_option", "threads_per_rank", "mpiexec", "mpiexec_args",
-                   "script", "script_args", "command", "config", "handler"}
+                   "module", "script", "script_args", "command", "config", "handler"}
     fields = {k: v for k, v in values.items() if k in _OPTION_FIELDS}
     extra = {k: v for k, v in values.items() if k not in _OPTION_FIELDS and k not in launch_only}
     options = Options(rule_options=parse_assignments(values.get("rule_option")), extra=extra,
@@ -62,40 +63,54 @@ def _option_table(parser):
 
 
 def split_wrap_argv(argv, parser):
-    """Separate tmpi's options from the script and its arguments.
+    """Separate tmpi's options from what they run: ``(ours, target, rest)``.
 
-    Before the script every option must be tmpi's.  After it, tmpi's own
-    options (exact spelling) are still taken, so ``tmpi wrap train.py --rule bsp
-    -n 4`` works; anything else, and everything after ``--``, is the script's.
+    As with ``python``, ``mpiexec`` and ``torchrun``: every word before the
+    script is one of tmpi's options (or its value), the first other word is
+    the script, and everything after it is the script's own, untouched (its
+    ``-n``, ``--seed`` and ``--help`` included).  ``--`` may mark where tmpi's
+    options end.  ``-m MODULE`` runs a module as ``python -m`` does; ``target``
+    is then ``("module", MODULE)``, else ``("script", SCRIPT)`` (``None``
+    when there is neither).
     """
     table = _option_table(parser)
-    ours, script, rest = [], None, []
+    ours = []
     i = 0
     while i < len(argv):
         token = argv[i]
         if token == "--":
-            if script is None and i + 1 < len(argv):
-                script = argv[i + 1]
-                i += 1
-            rest.extend(argv[i + 1:])
+            i += 1
+            break
+        if token == "-m" or (token.startswith("-m") and not token.startswith("--")):
+            module = token[2:] or (argv[i + 1] if i + 1 < len(argv) else None)
+            if not module:
+                raise TmpiError("-m needs a module name: tmpi wrap [options] -m MODULE [args]")
+            return ours, ("module", module), argv[i + (1 if token[2:] else 2):]
+        if not token.startswith("-") or token == "-":
             break
         name = token.split("=", 1)[0]
-        if name in table:
-            ours.append(token)
-            if table[name] and "=" not in token:
-                if i + 1 >= len(argv):
-                    raise TmpiError("option %s needs a value" % token)
-                ours.append(argv[i + 1])
-                i += 1
-        elif script is None:
-            if token.startswith("-") and token != "-":
-                raise TmpiError("unknown option %s for tmpi wrap (see `tmpi wrap --help`); "
-                                "put the script's own options after the script name" % token)
-            script = token
-        else:
-            rest.append(token)
+        attached = not token.startswith("--") and len(token) > 2 and token[:2] in table
+        if name not in table and not attached:
+            raise TmpiError("unknown option %s for tmpi wrap (see `tmpi wrap --help`). tmpi's "
+                            "options go before the script; everything after the script "
+                            "is the script's own." % token)
+        ours.append(token)
+        if name in table and table[name] and "=" not in token:
+            if i + 1 >= len(argv):
+                raise TmpiError("option %s needs a value" % token)
+            ours.append(argv[i + 1])
+            i += 1
         i += 1
-    return ours, script, rest
+    if i >= len(argv):
+        return ours, None, []
+    return ours, ("script", argv[i]), argv[i + 1:]
+
+
+def misplaced_options(rest, parser):
+    """The script's arguments that are spelt like tmpi's options (for a hint
+    when the script refuses them)."""
+    table = _option_table(parser)
+    return [a for a in rest if a.split("=", 1)[0] in table and a not in ("-h", "--help")]
 
 
 def check_choices(options, n):
@@ -110,40 +125,60 @@ def check_choices(options, n):
         lookup("exchangers", options.exchanger)
 
 
-def cmd_wrap(argv):
+def wrap_parser():
+    """The parser of ``tmpi wrap``'s own options (those before the script)."""
     parser = argparse.ArgumentParser(
         prog="tmpi wrap", allow_abbrev=False,
-        usage="tmpi wrap [-n N] [--framework F] [--rule R] [options] SCRIPT [script args]",
-        description="Run an unmodified Theano/Keras/Lasagne/Blocks training script on N "
-                    "MPI ranks. tmpi's options may also follow the script; use -- before "
-                    "script arguments that look like tmpi's.")
-    add_run_arguments(parser)
-    if any(a in ("-h", "--help") for a in argv[:1]) or not argv:
+        usage="tmpi wrap [-n N] [--framework F] [--rule R] [options] SCRIPT [args]\n"
+              "       tmpi wrap [-n N] [options] -m MODULE [args]",
+        description="Run an unmodified Theano/Keras/Lasagne/Blocks training script (or "
+                    "module, as python -m) on N MPI ranks. tmpi's options come before the "
+                    "script; everything after the script is its own, untouched.")
+    parser.add_argument("-m", dest="module", metavar="MODULE",
+                        help="run a module as `python -m MODULE` does, instead of a script")
+    return add_run_arguments(parser)
+
+
+def cmd_wrap(argv):
+    parser = wrap_parser()
+    if not argv:
         parser.print_help()
-        return 0 if argv else 2
-    ours, script, rest = split_wrap_argv(argv, parser)
-    if script is None:
-        raise TmpiError("no script given: tmpi wrap [options] SCRIPT [script args]")
-    namespace = parser.parse_args(ours)
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(name, str(namespace.threads_per_rank))
+        return 2
+    ours, target, rest = split_wrap_argv(argv, parser)
+    namespace = parser.parse_args(ours)  # prints the help and exits for -h
+    if target is None:
+        raise TmpiError("no script given: tmpi wrap [options] SCRIPT [args], or "
+                        "tmpi wrap [options] -m MODULE [args]")
     options = options_from_args(namespace)
-    from tmpi_adapters.launch.launcher import check_script
-    check_script(script)
+    from tmpi_adapters.launch.launcher import check_target, launch
+    check_target(target)
     if not options.framework:
         from tmpi_adapters.launch.runtime import detect_framework
-        options.framework = detect_framework(script)
+        options.framework = detect_framework(target)
         if options.framework is None:
-            raise TmpiError("could not tell which framework %r uses (it imports none of "
-                            "theano, keras, lasagne, blocks); pass --framework." % script)
+            raise TmpiError("could not tell which framework %s uses (it imports none of "
+                            "theano, keras, lasagne, blocks); pass --framework."
+                            % _describe_target(target))
     n = 1 if namespace.n is None else namespace.n
     if n < 1:
         raise TmpiError("-n must be at least 1, not %d." % n)
     check_choices(options, n)
-    from tmpi_adapters.launch.launcher import launch
-    return launch(script, rest, options, n=n, mpiexec=namespace.mpiexec,
+    code = launch(target, rest, options, n=n, mpiexec=namespace.mpiexec,
                   mpiexec_args=namespace.mpiexec_args,
                   threads_per_rank=namespace.threads_per_rank)
+    misplaced = misplaced_options(rest, parser) if code == 2 else []
+    if misplaced:
+        # Exit status 2 is argparse's "bad arguments": most likely tmpi's
+        # options were written after the script, where they are the script's.
+        print("tmpi: note: the script's arguments include %s, which are also tmpi's "
+              "options. tmpi's options go before the script: tmpi wrap [options] SCRIPT "
+              "[args]." % " ".join(misplaced), file=sys.stderr)
+    return code
+
+
+def _describe_target(target):
+    kind, name = target
+    return "module %r" % name if kind == "module" else "%r" % name
 
 
 def cmd_plugins(argv):
@@ -198,8 +233,8 @@ def main(argv=None):
     except TmpiError as error:
         print("tmpi: error: %s" % error, file=sys.stderr)
         return error.exit_code
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM while a job starts
+        return 128 + int(getattr(stop, "signum", 2))
 
 
 def run():

@@ -78,9 +78,20 @@ def _run_distributed(main, args, kwargs, framework, rule, rule_options, options)
         session = Session(opts, script=getattr(sys.modules.get(main.__module__), "__file__",
                                                None)).start()
         session.adapter.rebind(main.__globals__)
-        result = main(*args, **kwargs)
+        try:
+            result = main(*args, **kwargs)
+        except SystemExit as exit_:
+            # A deliberate exit: the script's status, as under plain python,
+            # without a failure report (nor end-of-run exchanges unless 0).
+            if exit_.code in (None, 0):
+                session.finish()
+            else:
+                runtime.finish_after_failure(session, exit_)
+            raise
         session.finish()
         return result
+    except SystemExit:
+        raise
     except BaseException as error:  # noqa: B902 - every failure must end the job
         if size == 1 and not isinstance(error, TmpiError):
             # One process: the script's own exception, as plain python raises it.

@@ -3,9 +3,12 @@ when already inside an MPI job or asked for one rank.
 
 The launching process also watches the job it started (:class:`JobWatch`):
 it turns the launcher's termination banner into one sentence naming the rank
-that died, ends the job when a rank vanishes without a word, and makes sure no
-rank outlives it.
+that died, ends the job when a rank vanishes without a word, makes sure no
+rank outlives it, and passes the script's own exit status through.  Its job
+directory (``tmpi-job-*`` in the temporary directory) goes when it ends, also
+on SIGINT and SIGTERM; those a SIGKILL left are swept away by the next launch.
 """
+import contextlib
 import os
 import re
 import shutil
@@ -19,14 +22,15 @@ import time
 
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.options import OPTIONS_ENV
-from tmpi_adapters.launch.runtime import JOB_DIR_ENV, rank_file
+from tmpi_adapters.launch.jobdir import (JOB_DIR_PREFIX, belongs_to_job, claim_job_dir,
+                                         has_mark, process_alive, read_ranks, sweep_job_dirs)
+from tmpi_adapters.launch.runtime import (JOB_DIR_ENV, as_target, find_module, rank_file,
+                                          target_argv)
+from tmpi_adapters.launch.threads import THREAD_ENV, default_threads, limit_blas_threads
 
 #: Environment variables set by MPI launchers in each rank they start.
 RANK_ENV = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
 
-#: Per-rank thread counts: one BLAS/OpenMP thread per rank unless the user
-#: says otherwise, so N ranks on N cores do not fight.
-THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 #: The launching ``tmpi`` process, so ranks on its machine can end the job if
 #: it disappears (see :mod:`tmpi_adapters.reliability.watchdog`).
@@ -74,6 +78,16 @@ def find_mpiexec(explicit=None):
                     "pass --mpiexec PATH.")
 
 
+def check_target(target):
+    """Fail before launching when a script (a path) or module (``("module",
+    name)``) cannot be run as ``python`` would run it."""
+    kind, name = as_target(target)
+    if kind == "module":
+        find_module(name)
+    else:
+        check_script(name)
+
+
 def check_script(script):
     """Fail before launching when ``script`` cannot be run as a Python script."""
     if os.path.isdir(script):
@@ -96,11 +110,18 @@ def check_script(script):
                         % (script, where, detail, script))
 
 
-def rank_environment(options, threads_per_rank=1, env=None):
+def rank_environment(options, threads_per_rank=None, n=1, env=None):
+    """The environment of the ranks: the options, the BLAS threads
+    (``threads_per_rank`` wins over the environment's settings, the default
+    of :func:`default_threads` does not), unbuffered output."""
     env = dict(os.environ if env is None else env)
     env[OPTIONS_ENV] = options.to_env()
+    threads = threads_per_rank or default_threads(n)
     for name in THREAD_ENV:
-        env.setdefault(name, str(threads_per_rank))
+        if threads_per_rank:
+            env[name] = str(threads_per_rank)
+        elif threads:
+            env.setdefault(name, str(threads))
     # Ranks print as they go, not when their buffers fill.
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -120,68 +141,6 @@ def _die_with(parent):
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
     return arrange
-
-
-# ------------------------------------------------------------- the rank files
-
-class RankInfo:
-    """What the launcher knows of one rank from its files in the job directory."""
-
-    def __init__(self, rank, pid, host):
-        self.rank, self.pid, self.host = rank, pid, host
-
-
-def read_ranks(directory):
-    """``{rank: RankInfo}`` of every rank that has written its ``pid`` file."""
-    ranks = {}
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return ranks
-    for name in names:
-        match = re.match(r"rank(\d+)\.pid$", name)
-        if not match:
-            continue
-        try:
-            with open(os.path.join(directory, name)) as handle:
-                fields = handle.read().split()
-            ranks[int(match.group(1))] = RankInfo(int(match.group(1)), int(fields[0]),
-                                                  fields[1] if len(fields) > 1 else None)
-        except (OSError, ValueError, IndexError):
-            continue  # being written
-    return ranks
-
-
-def has_mark(directory, rank, kind):
-    return os.path.exists(rank_file(directory, rank, kind))
-
-
-def process_alive(pid):
-    """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not os.path.exists("/proc")  # /proc exists but had no entry: gone
-
-
-def belongs_to_job(pid, directory):
-    """True when process ``pid`` is a rank of the job using ``directory`` (not a
-    stranger that reused a dead rank's pid)."""
-    marker = ("%s=%s" % (JOB_DIR_ENV, directory)).encode()
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as handle:
-            return marker in handle.read().split(b"\0")
-    except OSError:
-        return False
 
 
 def stderr_tail(directory, rank, lines=6):
@@ -213,6 +172,50 @@ def describe_signal(number):
     return "signal %d (%s)%s" % (number, name, reasons.get(name, ""))
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the launching process: stop the job as for
+    Ctrl-C, and exit with ``128 + signum``."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def handled(numbers, handler, only_default=False):
+    """Signals ``numbers`` go to ``handler`` until the block ends
+    (``only_default``: only those the caller left at their default, so that
+    what it ignores, under ``nohup`` say, stays ignored)."""
+    saved = {}
+    for number in numbers:
+        try:
+            if not only_default or signal.getsignal(number) == signal.SIG_DFL:
+                saved[number] = signal.signal(number, handler)
+        except ValueError:  # not the main thread: the handlers stay as they are
+            break
+    try:
+        yield
+    finally:
+        for number, previous in saved.items():
+            signal.signal(number, previous)
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+def stopped_by_signals():
+    """While the job runs, SIGTERM and SIGHUP raise :class:`Stopped` (SIGINT
+    raises ``KeyboardInterrupt``), so that the job is stopped and its
+    directory removed instead of the launcher dying on the spot."""
+    return handled((signal.SIGTERM, signal.SIGHUP), _stop, only_default=True)
+
+
+def signals_ignored():
+    """Let the job's clean-up finish even when Ctrl-C comes again."""
+    return handled((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), signal.SIG_IGN)
+
+
 # ------------------------------------------------------------------ the watch
 
 class JobWatch:
@@ -237,6 +240,7 @@ class JobWatch:
         self.terminations = []   # (pid, host, exit code, exit string) from the banner
         self.aborts = []         # (rank, code) of MPI_Abort calls tmpi did not make
         self.vanished = None     # (RankInfo, seconds) of a rank gone without a word
+        self.interrupted = None  # the signal that stopped the launcher
         self._gone_since = {}
         self.reports_seen = set()  # "tmpi: ..." lines the ranks' stderr carried
         self._stop = threading.Event()
@@ -255,9 +259,11 @@ class JobWatch:
         """Wait for the job; return its exit status after the final report."""
         try:
             code = self.process.wait()
-        except KeyboardInterrupt:
-            self.process.terminate()
-            code = self.process.wait()
+        except KeyboardInterrupt as stop:
+            self.interrupted = getattr(stop, "signum", signal.SIGINT)
+            with signals_ignored():
+                self.stop_job()
+                code = self.process.wait()
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
@@ -349,8 +355,18 @@ class JobWatch:
                     return
 
     def _finished(self, rank):
-        return has_mark(self.directory, rank, "done") or has_mark(self.directory, rank,
-                                                                  "failed")
+        return any(has_mark(self.directory, rank, kind) for kind in ("done", "exit", "failed"))
+
+    def exit_statuses(self, ranks):
+        """``{rank: status}`` of the ranks whose script ended with ``sys.exit(status)``."""
+        statuses = {}
+        for rank in ranks:
+            try:
+                with open(rank_file(self.directory, rank, "exit")) as handle:
+                    statuses[rank] = int(handle.read())
+            except (OSError, ValueError):
+                continue
+        return statuses
 
     def stop_job(self, grace=5.0):
         """Terminate ``mpiexec`` (it ends its ranks), then kill what is left."""
@@ -379,12 +395,17 @@ class JobWatch:
     # -- the final word -------------------------------------------------------------
     def final_status(self, code):
         """Report what ended the job, once, naming the rank; return the exit status."""
+        if self.interrupted is not None:
+            return self._interrupted_status()
         ranks = read_ranks(self.directory)
         by_pid = {info.pid: info for info in ranks.values()}
         failed = [r for r in ranks if has_mark(self.directory, r, "failed")]
+        exits = self.exit_statuses(ranks)
         messages = []
-        # Terminations tmpi caused itself while stopping a job say nothing new.
-        terminations = [] if self.vanished is not None else self.terminations
+        # Terminations tmpi caused itself while stopping a job say nothing
+        # new, nor does the end of a rank whose script chose its exit status.
+        terminations = [] if self.vanished is not None else [
+            t for t in self.terminations if not (t[0] in by_pid and by_pid[t[0]].rank in exits)]
         for pid, host, exit_code, exit_string in terminations:
             messages.append(self._describe_termination(by_pid.get(pid), pid, host,
                                                        exit_code, exit_string))
@@ -407,8 +428,11 @@ class JobWatch:
                             "its output above. Check --mpiexec and --mpiexec-arg, or run "
                             "the script with -n 1 to see it start."
                             % (os.path.basename(self.process.args[0]), code))
+        if not messages and not failed and any(exits.values()):
+            # The script's own status (mpiexec would OR those of the ranks).
+            code = [exits[r] for r in sorted(exits) if exits[r]][0]
         if not messages and code == 0 and not failed:
-            unfinished = sorted(r for r in ranks if not has_mark(self.directory, r, "done")
+            unfinished = sorted(r for r in ranks if not self._finished(r)
                                 and ranks[r].host in (None, self.host))
             if unfinished:
                 messages.append("tmpi: the job ended with status 0, but rank(s) %s did not "
@@ -421,6 +445,17 @@ class JobWatch:
             sys.stderr.write("\n".join(messages) + "\n")
             sys.stderr.flush()
         return code
+
+    def _interrupted_status(self):
+        """Ctrl-C or SIGTERM reached tmpi: one line (unless a rank, interrupted
+        too, said it), and the shell's status for the signal."""
+        name = signal.Signals(self.interrupted).name
+        if not any(line.startswith(b"tmpi: interrupted") for line in self.reports_seen):
+            sys.stdout.flush()
+            sys.stderr.write("tmpi: interrupted (%s): the job's %d rank(s) were stopped.\n"
+                             % (name, self.n))
+            sys.stderr.flush()
+        return 128 + int(self.interrupted)
 
     def _lost_report(self, failed):
         """The failure report of the first failed rank, if its stderr never got here."""
@@ -454,29 +489,40 @@ class JobWatch:
         return ("\n  last lines of rank %d's stderr:\n%s" % (rank, tail)) if tail else ""
 
 
-def launch(script, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
-           threads_per_rank=1):
-    """Run ``script`` on ``n`` ranks; return the job's exit status.
+def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
+           threads_per_rank=None):
+    """Run a script (a path) or module (``("module", name)``) on ``n`` ranks;
+    return the job's exit status (the script's own when it calls ``sys.exit``).
 
     Inside an existing MPI job (``mpiexec -n 4 tmpi wrap ...``, ``srun tmpi
     wrap ...``) or with ``n == 1`` the current process becomes the rank.
+    ``threads_per_rank`` sets the BLAS/OpenMP threads of each rank; by
+    default ranks tmpi starts share the cores (:func:`default_threads`), and
+    a rank tmpi did not start keeps what it has.
     """
-    check_script(script)
+    target = as_target(target)
+    check_target(target)
     if n < 1:
         raise TmpiError("-n must be at least 1, not %d." % n)
-    env = rank_environment(options, threads_per_rank)
     if inside_mpi_job() or (n == 1 and not mpiexec_args):
+        env = rank_environment(options, threads_per_rank, 1)
         os.environ.update({k: v for k, v in env.items() if k not in os.environ or
                            k == OPTIONS_ENV})
+        if threads_per_rank:
+            limit_blas_threads(threads_per_rank)
         from tmpi_adapters.launch.runtime import main
         try:
-            main([script] + list(script_args))
+            main(target_argv(target) + list(script_args))
         except SystemExit as exit_:
             return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         return 0
+    env = rank_environment(options, threads_per_rank, n)
     command = [find_mpiexec(mpiexec), "-n", str(n)] + list(mpiexec_args) + [
-        sys.executable, "-m", "tmpi_adapters.launch.runtime", script] + list(script_args)
-    with tempfile.TemporaryDirectory(prefix="tmpi-job-") as directory:
+        sys.executable, "-m", "tmpi_adapters.launch.runtime"] + target_argv(target) + \
+        list(script_args)
+    sweep_job_dirs()
+    with stopped_by_signals(), tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as directory:
+        claim_job_dir(directory)
         env[JOB_DIR_ENV] = directory
         env[LAUNCHER_PID_ENV] = str(os.getpid())
         env[LAUNCHER_HOST_ENV] = socket.gethostname()

@@ -1,14 +1,19 @@
 """What runs inside each rank: output routing, the user's script, failures.
 
-``python -m tmpi_adapters.launch.runtime SCRIPT [ARGS...]`` is what ``tmpi wrap``
-starts on every rank (options arrive in ``TMPI_OPTIONS``).
+``python -m tmpi_adapters.launch.runtime SCRIPT [ARGS...]`` (or ``-m MODULE
+[ARGS...]``) is what ``tmpi wrap`` starts on every rank (options arrive in
+``TMPI_OPTIONS``).  The script runs as ``python SCRIPT`` would run it: same
+``sys.argv``, same ``sys.path``, and its exit status is the rank's.
 """
+import atexit
+import contextlib
 import functools
 import os
 import runpy
 import socket
 import sys
 import sysconfig
+import time
 import traceback
 
 from tmpi_adapters.launch import compat
@@ -20,6 +25,12 @@ JOB_DIR_ENV = "TMPI_JOB_DIR"
 #: The stderr that failures are reported on, even when a rank's own stderr
 #: has been sent to a log file.
 _report_fd = 2
+
+#: Under a bare ``mpiexec`` (no ``tmpi wrap`` gathering reports) a failing
+#: rank other than 0 waits this long before it reports: when rank 0 fails
+#: too (the same error everywhere, the usual case) its abort ends the job
+#: first and the error is printed once.
+REPORT_GRACE = 2.0
 
 
 def mpi_rank_size():
@@ -35,8 +46,9 @@ def rank_file(directory, rank, kind):
     """``<directory>/rank<N>.<kind>``: the files a rank leaves for the launcher.
 
     ``pid`` (``"<pid> <host>"``, written at start), ``stderr`` (non-zero
-    ranks' stderr), ``done`` (the script finished), ``failed`` (a failure was
-    reported and the job is being aborted).
+    ranks' stderr), ``done`` (the script finished), ``exit`` (the script
+    ended with a non-zero ``sys.exit``; holds the status), ``failed`` (a
+    failure was reported and the job is being aborted).
     """
     return os.path.join(directory, "rank%d.%s" % (rank, kind))
 
@@ -88,26 +100,54 @@ def route_output(options, rank, size):
 
 
 def rank_prefix_stream(stream, rank):
-    """Wrap a text stream so every line starts with ``[rank N]``."""
+    """Wrap a text stream so every line starts with ``[rank N]``.
+
+    Whole lines only: ``print(a, b)`` writes its pieces one by one, and other
+    ranks' lines would land between them.  A partial line waits for its end
+    (or :func:`flush_partial_lines`, or the end of the process).
+    """
 
     class Prefixed:
         def __init__(self):
-            self._at_line_start = True
+            self._partial = ""
 
         def write(self, text):
-            out = []
-            for piece in text.splitlines(True):
-                if self._at_line_start:
-                    out.append("[rank %d] " % rank)
-                out.append(piece)
-                self._at_line_start = piece.endswith("\n")
-            stream.write("".join(out))
+            pending = self._partial + text
+            cut = pending.rfind("\n") + 1
+            self._partial = pending[cut:]
+            if cut:
+                lines = pending[:cut - 1].split("\n")
+                stream.write("".join("[rank %d] %s\n" % (rank, line) for line in lines))
+                stream.flush()
             return len(text)
+
+        def end_partial_line(self):
+            if self._partial:
+                partial, self._partial = self._partial, ""
+                stream.write("[rank %d] %s\n" % (rank, partial))
+                stream.flush()
 
         def __getattr__(self, name):
             return getattr(stream, name)
 
-    return Prefixed()
+    prefixed = Prefixed()
+    _prefixed.append(prefixed)
+    return prefixed
+
+
+#: Streams made by :func:`rank_prefix_stream` (their partial lines are
+#: written out when the process ends).
+_prefixed = []
+
+
+@atexit.register
+def flush_partial_lines():
+    """Write out what the ``[rank N]`` streams hold of an unfinished line."""
+    for stream in _prefixed:
+        try:
+            stream.end_partial_line()
+        except (OSError, ValueError):
+            pass
 
 
 def report(text):
@@ -204,6 +244,9 @@ def fail(error, rank, size):
     text = describe_failure(error, rank, size)
     # mpiexec may end the job on MPI_Abort before it has forwarded a report.
     mark(rank, "failed", text)
+    flush_partial_lines()
+    if size > 1 and rank != 0 and not job_dir():
+        time.sleep(REPORT_GRACE)  # rank 0's abort, if it fails too, comes first
     if rank == 0 or size == 1 or not job_dir():
         report(text)
     if size > 1:
@@ -269,42 +312,177 @@ def wait_for_every_rank(options, size):
              too_long, crowded=oversubscribed(size))
 
 
-def detect_framework(script, pm=None):
-    """The framework a script uses, from the ``tmpi_detect_framework`` hook."""
+def detect_framework(target, pm=None):
+    """The framework a script (a path) or module (``("module", name)``) uses,
+    from the ``tmpi_detect_framework`` hook; a module inside a package is read
+    with its package's other modules (its ``__main__`` often only imports them)."""
     from tmpi_adapters.pluginmanager import get_plugin_manager
     pm = pm or get_plugin_manager()
-    try:
-        with open(script, encoding="utf-8", errors="replace") as handle:
-            source = handle.read()
-    except OSError:
+    kind, name = as_target(target)
+    if kind == "module":
+        try:
+            path, in_package = find_module(name)
+        except TmpiError:
+            return None
+        files = _package_files(path) if in_package else [path]
+    else:
+        path, files = name, [name]
+    sources = []
+    for file in files:
+        try:
+            with open(file, encoding="utf-8", errors="replace") as handle:
+                sources.append(handle.read())
+        except OSError:
+            continue
+    if not sources:
         return None
-    return pm.hook.tmpi_detect_framework(source=source, path=script)
+    return pm.hook.tmpi_detect_framework(source="\n".join(sources), path=path)
 
 
-def run_script(script, args, session):
-    """Run ``script`` as ``__main__`` with ``sys.argv = [script] + args``."""
-    script = os.path.abspath(script)
-    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
-    sys.argv = [script] + list(args)
-    sys.path.insert(0, os.path.dirname(script))
+def _package_files(path, most=100):
+    directory = os.path.dirname(path)
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".py"))[:most]
+    return [path] + [os.path.join(directory, n) for n in names
+                     if os.path.join(directory, n) != path]
+
+
+# -------------------------------------------------------- running it as python does
+
+def as_target(target):
+    """``("script", path)`` or ``("module", name)``; a bare path is a script."""
+    if isinstance(target, (tuple, list)):
+        return tuple(target)
+    return ("script", os.fspath(target))
+
+
+def target_argv(target):
+    """The words naming ``target`` on a command line: ``[SCRIPT]`` or ``["-m", MODULE]``."""
+    kind, name = as_target(target)
+    return ["-m", name] if kind == "module" else [name]
+
+
+def module_path0():
+    """What ``python -m`` puts first on ``sys.path``: the working directory."""
+    return os.getcwd()
+
+
+def script_path0(script):
+    """What ``python SCRIPT`` puts first on ``sys.path``: the script's directory
+    (symbolic links resolved)."""
+    return os.path.dirname(os.path.realpath(script))
+
+
+def find_module(name):
+    """``(file, in_package)`` of what ``python -m NAME`` would run, found the
+    way Python finds it (the working directory first on the path) without
+    importing anything: the user's packages run only on the ranks, after tmpi
+    has hooked the framework.  :class:`TmpiError` when there is none."""
+    import importlib.machinery
+    import importlib.util
+    parts = name.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise TmpiError("-m %s: not a module name (use a dotted name such as package.train, "
+                        "without .py)." % name)
+    saved = list(sys.path)
+    sys.path[:] = [module_path0()] + [p for p in sys.path[1:]]
     try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exit_:
-        if exit_.code not in (None, 0):
-            raise
+        spec = importlib.util.find_spec(parts[0]) if parts[0] not in sys.modules else \
+            getattr(sys.modules[parts[0]], "__spec__", None)
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path[:] = saved
+    for i in range(1, len(parts)):
+        locations = spec.submodule_search_locations if spec is not None else None
+        spec = importlib.machinery.PathFinder.find_spec(
+            ".".join(parts[:i + 1]), list(locations)) if locations else None
+    if spec is None:
+        raise TmpiError("no module named %s (looked in the working directory %s and the "
+                        "installed packages, as python -m does)." % (name, os.getcwd()))
+    if spec.submodule_search_locations is not None:
+        main = importlib.machinery.PathFinder.find_spec(
+            name + ".__main__", list(spec.submodule_search_locations))
+        if main is None or not main.origin:
+            raise TmpiError("no module named %s.__main__: %r is a package and cannot be run "
+                            "directly (python -m needs %s/__main__.py)." % (name, name, name))
+        return main.origin, True
+    if not spec.origin or not os.path.isfile(spec.origin):
+        raise TmpiError("module %s has no source file to run (%s)." % (name, spec.origin))
+    return spec.origin, len(parts) > 1
+
+
+def target_file(target):
+    """The file that runs: the script, or the module's source."""
+    kind, name = as_target(target)
+    return find_module(name)[0] if kind == "module" else os.path.abspath(name)
+
+
+@contextlib.contextmanager
+def as_python_runs(target, args):
+    """``sys.argv`` and ``sys.path[0]`` as ``python SCRIPT ARGS`` (or ``python
+    -m MODULE ARGS``) would set them, instead of this process's own, until
+    the block ends."""
+    kind, name = as_target(target)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [target_file(target) if kind == "module" else name] + list(args)
+    if not getattr(sys.flags, "safe_path", False):  # python -P adds no first entry
+        first = module_path0() if kind == "module" else script_path0(name)
+        if sys.path:
+            sys.path[0] = first
+        else:
+            sys.path.append(first)
+    try:
+        yield
     finally:
         sys.argv = saved_argv
-        if sys.path and sys.path[0] == os.path.dirname(script) and saved_path0 != sys.path[0]:
-            sys.path.pop(0)
+        sys.path[:] = saved_path
+
+
+def exit_status(code):
+    """The process status ``sys.exit(code)`` gives; a message is printed as Python does."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr, flush=True)
+    return 1
+
+
+def run_target(target):
+    """Run ``target`` as ``__main__`` (inside :func:`as_python_runs`); returns
+    its exit status: 0 when it returned, its ``sys.exit`` status otherwise."""
+    kind, name = as_target(target)
+    try:
+        if kind == "module":
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(os.path.abspath(name), run_name="__main__")
+    except SystemExit as exit_:
+        return exit_status(exit_.code)
+    return 0
+
+
+def run_script(script, args, session=None):
+    """Run ``script`` (a path, or ``("module", name)``) with ``args`` as
+    ``python`` would; returns its exit status."""
+    with as_python_runs(script, args):
+        return run_target(script)
+
+
+def parse_argv(argv):
+    """``(target, args)`` from ``SCRIPT ARGS...`` or ``-m MODULE ARGS...``."""
+    if argv[0] == "-m" and len(argv) > 1:
+        return ("module", argv[1]), argv[2:]
+    return ("script", argv[0]), argv[1:]
 
 
 def main(argv=None):
-    """Entry point of one rank."""
+    """Entry point of one rank: run the script, then end with its exit status."""
     compat.apply()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        sys.exit("usage: python -m tmpi_adapters.launch.runtime SCRIPT [ARGS...]")
-    script, args = argv[0], argv[1:]
+        sys.exit("usage: python -m tmpi_adapters.launch.runtime (SCRIPT | -m MODULE) [ARGS...]")
+    target, args = parse_argv(argv)
     options = Options.from_env()
     rank, size = mpi_rank_size()
     route_output(options, rank, size)
@@ -312,15 +490,23 @@ def main(argv=None):
     try:
         mark(rank, "pid", "%d %s" % (os.getpid(), socket.gethostname()))
         if not options.framework:
-            options.framework = detect_framework(script) or "theano"
+            options.framework = detect_framework(target) or "theano"
         import_theano_in_rank_order(options, rank, size)
         from tmpi_adapters.core.session import Session
-        session = Session(options, script=script).start()
-        run_script(script, args, session)
-        session.finish()
-        mark(rank, "done")
+        with as_python_runs(target, args):  # until the final checkpoint is written
+            session = Session(options, script=target_file(target)).start()
+            code = run_target(target)
+            if code == 0:
+                session.finish()
+            else:
+                # A deliberate exit (pytest's status, argparse's 2): the
+                # script's status, no failure report, no end-of-run exchanges.
+                finish_after_failure(session, SystemExit(code))
     except BaseException as error:  # noqa: B902 - every failure must end the job
         end_after_failure(session, error, rank, size)
+    mark(rank, "done" if code == 0 else "exit", str(code))
+    flush_partial_lines()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -145,6 +145,10 @@ class Recorder:
         if summary["ranks"] > 1:
             count = summary["collectives_per_step"]
             text += "; %g collective%s per step" % (count, "" if count == 1 else "s")
+        from tmpi_adapters.launch.threads import blas_threads
+        threads = blas_threads()
+        if threads:
+            text += "; %d BLAS thread%s per rank" % (threads, "" if threads == 1 else "s")
         return text
 
 

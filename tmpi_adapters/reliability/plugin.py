@@ -7,8 +7,9 @@ A built-in plugin.  Its options (``tmpi wrap --help``, or keyword arguments of
     --checkpoint-every N[unit]    steps (default unit), epochs, s, min or h
     --checkpoint-keep K           keep the newest K checkpoints of a run
     --resume latest|auto|FILE     continue a run from a checkpoint
+    --allow-new-arguments         resume although the script's arguments changed
     --on-stall report|abort       what a stall does after --stall-timeout
-    --nonfinite stop|skip|off     NaN/Inf in exchanged gradients or parameters
+    --nonfinite off|stop|skip     NaN/Inf in exchanged gradients or parameters
 
 The pieces live in :mod:`~tmpi_adapters.reliability.watchdog` (heartbeats and
 stall reports), :mod:`~tmpi_adapters.reliability.checkpoint` (checkpoint files,
@@ -24,7 +25,7 @@ from tmpi_adapters.pluginmanager import hookimpl
 from tmpi_adapters.reliability.checkpoint.policy import parse_every
 
 ON_STALL = ("report", "abort")
-NONFINITE = ("stop", "skip", "off")
+NONFINITE = ("off", "stop", "skip")
 
 
 @dataclasses.dataclass
@@ -35,8 +36,11 @@ class Settings:
     checkpoint_every: tuple = None  #: ``(count, unit)``; None for the default policy
     checkpoint_keep: int = 3
     resume: str = None
+    allow_new_arguments: bool = False
     on_stall: str = "report"
-    nonfinite: str = "stop"
+    #: Off unless asked: the script's own safety nets (Keras's TerminateOnNaN)
+    #: act as they do without tmpi.
+    nonfinite: str = "off"
 
     @classmethod
     def from_extra(cls, extra):
@@ -49,12 +53,18 @@ class Settings:
             checkpoint_keep=_positive_int("--checkpoint-keep",
                                           extra.get("checkpoint_keep") or 3),
             resume=extra.get("resume") or None,
+            allow_new_arguments=bool(extra.get("allow_new_arguments")),
             on_stall=_choice("--on-stall", extra.get("on_stall") or "report", ON_STALL),
-            nonfinite=_choice("--nonfinite", extra.get("nonfinite") or "stop", NONFINITE),
+            nonfinite=_choice("--nonfinite", extra.get("nonfinite") or "off", NONFINITE),
         )
         if settings.resume in ("latest", "auto") and not settings.checkpoint_dir:
             raise ConfigError("--resume %s needs --checkpoint-dir: the directory to find "
                               "the newest checkpoint in." % settings.resume)
+        for flag, key in (("--checkpoint-every", "checkpoint_every"),
+                          ("--checkpoint-keep", "checkpoint_keep")):
+            if extra.get(key) and not settings.checkpoint_dir:
+                raise ConfigError("%s needs --checkpoint-dir: the directory to write the "
+                                  "checkpoints to." % flag)
         return settings
 
     @property
@@ -111,13 +121,18 @@ def tmpi_add_arguments(parser):
                             "(latest), the newest if there is one (auto), or FILE; the "
                             "script runs again from its start and its first training calls "
                             "are replayed, so the result equals an uninterrupted run")
+    group.add_argument("--allow-new-arguments", action="store_true", default=None,
+                       help="resume although the script's arguments differ from those of "
+                            "the run that wrote the checkpoint (e.g. more --epochs); by "
+                            "default that is refused")
     group.add_argument("--on-stall", choices=ON_STALL,
                        help="when ranks wait longer than --stall-timeout on others: report "
                             "the missing ranks and keep waiting (default), or abort the job")
     group.add_argument("--nonfinite", choices=NONFINITE,
-                       help="NaN/Inf in exchanged gradients or parameters: stop the job "
-                            "(default; the last good checkpoint stays), skip the step, or "
-                            "do not check")
+                       help="NaN/Inf in exchanged gradients or parameters: do not check "
+                            "(default: the script's own checks, such as Keras's "
+                            "TerminateOnNaN, act as without tmpi), stop the job (the last "
+                            "good checkpoint stays), or skip the step")
 
 
 class Reliability:

@@ -44,7 +44,8 @@ from tmpi_adapters.core.graph import is_marker
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.frameworks.blocks.functions import BlocksTrainingFunction, SplitEvaluation
 from tmpi_adapters.frameworks.blocks.model import BlocksModel, loop_shape
-from tmpi_adapters.frameworks.blocks.monitoring import MonitoringShares, buffer_accumulators
+from tmpi_adapters.frameworks.blocks.monitoring import (MonitoringShares, buffer_accumulators,
+                                                        buffer_layout)
 from tmpi_adapters.frameworks.theano import TheanoAdapter
 from tmpi_adapters.launch import compat
 
@@ -106,6 +107,7 @@ class BlocksAdapter(TheanoAdapter):
         self._shares = {}   # id(AggregationBuffer) -> (the buffer, its MonitoringShares)
         self._callbacks = {"after_training": [], "on_error": []}
         self._error = None  # (exception, its args) as Blocks' on_error saw them
+        self._monitored = set()  # ids of the training monitors' accumulators
 
     # -- installing -------------------------------------------------------------
     def install(self):
@@ -180,20 +182,33 @@ class BlocksAdapter(TheanoAdapter):
         from blocks.algorithms import GradientDescent
         if isinstance(algorithm, GradientDescent):
             mark_gradients(algorithm)
+            # The cost's divisions name the batch axis (gradients taken
+            # before tmpi ran were not seen by the theano.grad hook).
+            self.remember_cost(getattr(algorithm, "cost", None),
+                               list(algorithm.gradients.values()))
+        # Monitoring accumulators are shares kept per rank (monitoring.py),
+        # not model state: the step's exchange must not average them.
+        self._monitored = {id(v) for buffer in self._training_buffers(algorithm)
+                           for v, _ in buffer.accumulation_updates}
         original(algorithm)
         function = algorithm._function
         if isinstance(function, DistributedFunction):
             algorithm._function = self._distribute(algorithm, function)
+
+    def make_model(self, key, params, optimizer_state, model_state, graph, data):
+        model_state = [v for v in model_state if id(v) not in self._monitored]
+        return super().make_model(key, params, optimizer_state, model_state, graph, data)
 
     def _distribute(self, algorithm, function):
         session = self.session
         shares = []
         monitored = set()
         for buffer in self._training_buffers(algorithm):
-            accumulators, _ = buffer_accumulators(buffer, session.options.loss_reduction)
             monitored.update(id(v) for v, _ in buffer.accumulation_updates)
-            if accumulators and session.size > 1:
-                shares.append(self._register(buffer, accumulators))
+            if session.size > 1:
+                accumulators, _ = buffer_accumulators(buffer, session.options.loss_reduction)
+                if accumulators:
+                    shares.append(self._register(buffer, accumulators))
         previous = function.model
         model = self._blocks_model(algorithm, previous, monitored)
         model.train_fn = function
@@ -255,11 +270,16 @@ class BlocksAdapter(TheanoAdapter):
             # every rank evaluates the whole stream (identical results).
             return
         buffer = evaluator.theano_buffer
-        accumulators, local = buffer_accumulators(buffer, session.options.loss_reduction)
+        layout = buffer_layout(buffer)
+        if layout[0].problem:
+            return  # the batch axis cannot be told: every rank evaluates the whole stream
+        accumulators, local = buffer_accumulators(buffer, session.options.loss_reduction,
+                                                  layout)
         if local or not accumulators:
             return
         shares = self._register(buffer, accumulators)
-        evaluator._aggregate_fun = SplitEvaluation(session, function, shares)
+        axes = {v.name: layout[0].axis(v) for v in buffer.inputs if v.name}
+        evaluator._aggregate_fun = SplitEvaluation(session, function, shares, axes)
 
 
 def mark_gradients(algorithm):

@@ -12,7 +12,7 @@ import hashlib
 
 import numpy as np
 
-from tmpi_adapters.core.batches import batch_rows, cut_rows, local_rows
+from tmpi_adapters.core.batches import batch_rows, cut_rows, local_share
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.frameworks.blocks.monitoring import share_fraction
 
@@ -81,7 +81,8 @@ class BlocksTrainingFunction(_StandIn):
         rows, _ = self.function.rows_of(args, kwargs)
         if rows is None:  # nothing to split: every rank ran the same call
             return 1.0 / session.size
-        return share_fraction(rows, samples)
+        # An empty batch counts for rank 0 alone (weight 1 of 1).
+        return share_fraction(rows or 1, samples)
 
 
 class LazyTrainingFunction:
@@ -103,25 +104,27 @@ def _plain(function):
 class SplitEvaluation(_StandIn):
     """A ``DatasetEvaluator``'s aggregation function that runs this rank's
     rows of each batch and keeps its accumulators as this rank's share
-    (``shares``, a :class:`~.monitoring.MonitoringShares`).  Pickles as the
-    plain compiled function."""
+    (``shares``, a :class:`~.monitoring.MonitoringShares`).  ``axes`` gives
+    each source's batch axis (``{name: axis}``: 1 for the ``(time, batch)``
+    inputs of recurrent bricks).  Pickles as the plain compiled function."""
 
-    def __init__(self, session, function, shares):
+    def __init__(self, session, function, shares, axes=None):
         super().__init__(function, shares)
         self.session = session
+        self.axes = dict(axes or {})
 
     def __reduce__(self):
         return (_plain, (self.function,))
 
     def __call__(self, **batch):
-        rows = batch_rows(batch.values())
+        rows = batch_rows(batch, self.axes)
         if rows is None:
             return self.function(**batch)
-        lo, hi, weight = local_rows(rows, self.session.rank, self.session.size)
-        local = cut_rows(batch, rows, lo, hi)
+        lo, hi, weight, total = local_share(rows, self.session.rank, self.session.size)
+        local = cut_rows(batch, rows, lo, hi, self.axes)
         before = self.shares.values()
         result = self.function(**local)
-        self.shares.keep_share(before, share_fraction(rows, weight), weight > 0)
+        self.shares.keep_share(before, share_fraction(total, weight), weight > 0)
         return result
 
 

@@ -2,14 +2,19 @@
 
 :mod:`.adapter`
     :class:`KerasAdapter`: hooks Keras' classes while a script runs (training
-    and test functions, callbacks, files written once).
+    and test functions, callbacks).
 :mod:`.step`
     what a model's compiled functions become: a distributed step that keeps
     Keras' metrics global, an evaluation split across ranks.
+:mod:`.metrics`
+    how each metric accumulator's increments combine across ranks.
 :mod:`.sharding`
     ``--scaling weak``: each rank's ``fit`` sees its own shard of the data.
-:mod:`.streams`
-    each rank its own random numbers (dropout masks).
+:mod:`.writers`
+    ``save_model``, ``save_weights``, ``CSVLogger`` under tmpi's rule for files.
+
+Keras' dropout and noise layers draw for the whole batch through
+:mod:`tmpi_adapters.frameworks.random_streams`, as every framework's do.
 
 Importing this package imports neither Keras nor Theano.
 """

@@ -12,8 +12,9 @@ adds what Keras itself needs, hooked on Keras' classes while the script runs:
     (``trainable_weights``, the optimizer's ``weights``, the updated
     ``non_trainable_weights`` such as BatchNorm statistics), and the compiled
     function is wrapped in a :class:`~.step.KerasStep` that keeps Keras'
-    stateful metrics (running ``total``/``count`` sums) global: their per-step
-    increments are summed over ranks instead of averaged.
+    stateful metrics (running ``total``/``count`` sums) global: each rank's
+    increment becomes the one-process increment (:mod:`.metrics`: sums of
+    per-row values and of batch sums are added, batch means averaged).
 ``Model._make_test_function``
     evaluation (``evaluate``, validation in ``fit``) is split across ranks the
     same way (:class:`~.step.KerasEvaluation`); results are identical to one
@@ -23,8 +24,10 @@ adds what Keras itself needs, hooked on Keras' classes while the script runs:
     ranks' models differ) and ``stop_training`` is agreed, so ``EarlyStopping``
     and ``ReduceLROnPlateau`` act at the same epoch everywhere.
 ``save_model``, ``Network.save_weights``, ``CSVLogger``, ``RemoteMonitor``
-    files and reports are written by rank 0 only; the other ranks wait until
-    the file is complete, so a following ``load_model`` reads it whole.
+    files follow tmpi's rule for files (:mod:`.writers`): a path shared by the
+    ranks is written once and every rank waits until it is complete, so a
+    following ``load_model`` reads it whole; a rank's own path is written by
+    that rank.  Reports go out from rank 0 only.
 ``training_arrays.fit_loop``, ``training_generator.fit_generator``
     with ``--scaling weak`` each rank's ``fit`` sees its own shard (every N-th
     sample, or every N-th batch of a generator: :mod:`.sharding`) and every
@@ -32,9 +35,10 @@ adds what Keras itself needs, hooked on Keras' classes while the script runs:
     ``--lr-scaling`` then multiplies the optimizer's ``learning_rate`` inside
     the graph, which is linear scaling for every Keras optimizer, Adam included.
 
-Each rank's MRG random streams are jumped apart (:mod:`.streams`) so that
-dropout masks differ between ranks.  Nothing here imports Keras until the
-user's script does.
+Keras' random layers (``Dropout``, ``GaussianNoise``, ...) draw through
+Theano's MRG streams, which draw for the whole batch and keep this rank's
+rows (:mod:`tmpi_adapters.frameworks.random_streams`): the masks are the
+one-process masks.  Nothing here imports Keras until the user's script does.
 """
 import contextlib
 import functools
@@ -43,13 +47,15 @@ import inspect
 import numpy as np
 
 from tmpi_adapters.core.batches import batch_rows
-from tmpi_adapters.core.function import DistributedFunction
+from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
 from tmpi_adapters.core.graph import ancestors
 from tmpi_adapters.errors import ConfigError, TmpiError
+from tmpi_adapters.frameworks.keras.metrics import metric_kinds, metric_variables
 from tmpi_adapters.frameworks.keras.sharding import (shard_fit_arguments,
                                                      shard_generator_arguments)
 from tmpi_adapters.frameworks.keras.step import KerasEvaluation, KerasStep, agree_logs
-from tmpi_adapters.frameworks.keras.streams import decorrelate_random_streams
+from tmpi_adapters.frameworks.keras.writers import patch_writers
+from tmpi_adapters.frameworks.random_streams import random_rows
 from tmpi_adapters.frameworks.theano import TheanoAdapter
 from tmpi_adapters.launch import compat
 
@@ -85,7 +91,7 @@ class KerasAdapter(TheanoAdapter):
             return
         _check_keras(keras)
         self._patch_training()
-        self._patch_writers()
+        patch_writers(self)
         callbacks = keras.callbacks
         self.patcher.patch(callbacks.CallbackList, "on_epoch_end",
                            self._agreeing_epoch_end(callbacks.CallbackList.on_epoch_end))
@@ -101,40 +107,6 @@ class KerasAdapter(TheanoAdapter):
               self._sharding(training_arrays.fit_loop, shard_fit_arguments))
         patch(training_generator, "fit_generator",
               self._sharding(training_generator.fit_generator, shard_generator_arguments))
-
-    def _patch_writers(self):
-        import keras.callbacks
-        import keras.models
-        from keras.engine import network, saving
-        patch = self.patcher.patch
-        # Network.save looks save_model up in keras.models at call time.
-        save_model = self._on_rank_zero(saving.save_model, wait=True)
-        patch(saving, "save_model", save_model)
-        patch(keras.models, "save_model", save_model)
-        patch(network.Network, "save_weights",
-              self._on_rank_zero(network.Network.save_weights, wait=True))
-        callbacks = keras.callbacks
-        for cls, names in ((callbacks.CSVLogger, ("on_train_begin", "on_epoch_end",
-                                                  "on_train_end")),
-                           (callbacks.RemoteMonitor, ("on_epoch_end",))):
-            for name in names:
-                patch(cls, name, self._on_rank_zero(getattr(cls, name), wait=False))
-
-    # -- rank 0 writes ---------------------------------------------------------------
-    def _on_rank_zero(self, method, wait):
-        """``method`` run by rank 0 only; with ``wait`` the other ranks return
-        once rank 0 has finished (a file they may read next is complete)."""
-        session = self.session
-
-        @functools.wraps(method)
-        def on_rank_zero(*args, **kwargs):
-            if session.size == 1:
-                return method(*args, **kwargs)
-            result = method(*args, **kwargs) if session.rank == 0 else None
-            if wait:
-                session.exchanger.barrier(timeout=session.options.stall_timeout)
-            return result
-        return on_rank_zero
 
     # -- callbacks see the same logs on every rank ---------------------------------------
     def _agreeing_epoch_end(self, on_epoch_end):
@@ -218,12 +190,21 @@ class KerasAdapter(TheanoAdapter):
 
     def accumulators(self, update_pairs):
         """The stateful metrics' sums (``total``/``count``) among the variables
-        a compiling Keras train function updates: its exchange adds every
-        rank's increment, so Keras reads the whole batch's metrics."""
+        a compiling Keras train function updates whose increments add up over
+        ranks (per-row values, batch sums): its exchange adds every rank's
+        increment.  The others (batch means, counts of batches) stay model
+        state, whose new values the exchange averages: so Keras reads the
+        whole batch's metrics."""
         if self._building is None:
             return []
-        metrics = _metric_variables(self._building)
-        return [var for var, _ in update_pairs if _contains(metrics, var)]
+        kinds = metric_kinds(self._building)
+        return [var for var, _ in update_pairs if kinds.get(id(var)) == "sum"]
+
+    def batch_variables(self, inputs, outputs, updates):
+        """``compile(target_tensors=[K.variable(...)])``: the targets of a
+        compiling Keras train function that are shared variables carry the
+        batch, and are split across ranks like the inputs."""
+        return _shared_targets(self._building) if self._building is not None else []
 
     def _adopt(self, model, lr_scale):
         """Fill the ModelProtocol from the Keras model and wrap its step."""
@@ -232,10 +213,10 @@ class KerasAdapter(TheanoAdapter):
         if not isinstance(distributed, DistributedFunction):
             return
         protocol = distributed.model
-        accumulators = _metric_variables(model)
-        # Metric sums are not model state to average: every rank's increment
-        # is added, by the step's own exchange where it carried them
-        # (:meth:`accumulators`), else by the KerasStep after the call.
+        accumulators = metric_variables(model)
+        # Metric sums are not model state for a rule to average: the step's
+        # own exchange combines them where it carried them (:meth:`accumulators`),
+        # else the KerasStep does after the call.
         moved = [v for v in protocol.model_state if _contains(accumulators, v)]
         in_step = [v for v in moved if _contains(protocol.averaged_state, v)]
         protocol.model_state = [v for v in protocol.model_state if not _contains(moved, v)]
@@ -245,9 +226,10 @@ class KerasAdapter(TheanoAdapter):
         _reorder_like(protocol.optimizer_state, getattr(model.optimizer, "weights", []))
         _reorder_like(protocol.model_state, model.non_trainable_weights)
         protocol.scales_learning_rate = lr_scale is not None
-        decorrelate_random_streams(keras_function.outputs, self.session.rank)
-        keras_function.function = KerasStep(self, distributed, moved, lr_scale,
-                                            summed_in_step=in_step)
+        kinds = metric_kinds(model)
+        keras_function.function = KerasStep(self, distributed, moved,
+                                            [kinds.get(id(v), "sum") for v in moved],
+                                            lr_scale, carried=in_step)
         self.trained.append((model, protocol))
 
     @contextlib.contextmanager
@@ -279,13 +261,28 @@ class KerasAdapter(TheanoAdapter):
 
     def _split_evaluation(self, model):
         keras_function = getattr(model, "test_function", None)
-        if keras_function is None or getattr(model, "state_updates", None):
-            # Stateful layers carry state from batch to batch: every rank must
-            # see every row, so such models evaluate whole on every rank.
+        if keras_function is None or getattr(model, "state_updates", None) or \
+                _shared_targets(model):
+            # Stateful layers carry state from batch to batch, and targets
+            # held in shared variables are whole in the test function's
+            # graph: every rank must see every row, so such models evaluate
+            # whole on every rank.
             return
         combine = [not hasattr(output, "_is_metric") for output in keras_function.outputs]
-        keras_function.function = KerasEvaluation(
-            self.session, keras_function.function, _metric_variables(model), combine)
+        function = keras_function.function
+        observed = isinstance(function, ObservedFunction)
+        compiled = function._tmpi_fn if observed else function
+        accumulators, kinds = metric_variables(model), metric_kinds(model)
+        rows = random_rows(self)
+        window = rows.window if rows is not None and rows.window.used_by(compiled) else None
+        evaluation = KerasEvaluation(self.session, compiled, accumulators,
+                                     [kinds.get(id(v), "sum") for v in accumulators],
+                                     combine, window)
+        # The tmpi_call hook sees the whole batch, the same on every rank (a
+        # resume compares its fingerprint), and the split happens inside.
+        keras_function.function = ObservedFunction(
+            self.session, evaluation, function.key, function.has_updates) if observed \
+            else evaluation
 
     # -- weak scaling: each rank's fit sees its shard ---------------------------------
     def _weak(self):
@@ -330,12 +327,12 @@ class KerasAdapter(TheanoAdapter):
     def check_finished(self):
         if self.functions:
             return
-        raise TmpiError(
-            "the script compiled %d Theano function(s) but trained no Keras model: tmpi "
-            "distributes the training of a compiled Keras model (fit, fit_generator, "
-            "train_on_batch) whose trainable_weights are not empty. Check that the script "
-            "trains a model and that --framework matches the script."
-            % self.session.functions_compiled)
+        self.warn_trained_nothing(
+            "the script compiled %d Theano function(s) but trained no Keras model, so "
+            "nothing was distributed: tmpi distributes the training of a compiled Keras "
+            "model (fit, fit_generator, train_on_batch) whose trainable_weights are not "
+            "empty. If the script should train, check that it trains a model and that "
+            "--framework matches the script." % self.session.functions_compiled)
 
 
 # -- reading Keras models ----------------------------------------------------------------
@@ -367,15 +364,10 @@ def _reorder_like(variables, reference):
         variables[:] = ordered
 
 
-def _metric_variables(model):
-    """Shared variables of the model's stateful metrics (``total``, ``count``)."""
-    found = []
-    getter = getattr(model, "_get_training_eval_metrics", None)
-    for metric in (getter() if getter else []):
-        for variable in getattr(metric, "weights", []):
-            if not _contains(found, variable):
-                found.append(variable)
-    return found
+def _shared_targets(model):
+    """The model's targets given as shared variables (``target_tensors``)."""
+    from theano.compile.sharedvalue import SharedVariable
+    return [t for t in getattr(model, "targets", None) or [] if isinstance(t, SharedVariable)]
 
 
 def _learning_rate_variable(optimizer):

@@ -4,10 +4,9 @@
 ``train_function``: one distributed training step, with Keras' stateful
 metrics kept global.  :class:`KerasEvaluation` stands in for the one of its
 ``test_function``: each batch split across ranks, results those of one
-process.  The helpers below work on numpy arrays and shared variables:
-metric accumulators (``total``/``count`` of Keras' ``Mean`` metrics) get the
-sum of every rank's increment instead of this rank's own, and epoch logs are
-made identical on every rank.
+process.  Metric accumulators (``total``/``count`` of Keras' ``Mean``
+metrics) get the one-process increment (:mod:`.metrics`), and epoch logs are
+made identical on every rank (:func:`agree_logs`).
 """
 import numbers
 
@@ -15,6 +14,7 @@ import numpy as np
 
 from tmpi_adapters.core.batches import batch_rows, cut_rows, local_rows
 from tmpi_adapters.core.protocol import write_values
+from tmpi_adapters.frameworks.keras.metrics import combine_increments, read_copies
 
 
 class KerasStep:
@@ -23,10 +23,11 @@ class KerasStep:
     One distributed training step (the
     :class:`~tmpi_adapters.core.function.DistributedFunction`), plus:
     Keras' metric accumulators (``total``/``count`` of ``Mean`` metrics) get
-    the sum of every rank's increment, so the metric values Keras reads back
-    after the call are those of the whole batch (the step's own exchange adds
-    those it carries; the others are added here after the call); and, with
-    ``--lr-scaling``, the learning-rate factor for the coming step is set first.
+    the one-process increment (:mod:`.metrics`), so the metric values Keras
+    reads back after the call are those of the whole batch (the step's own
+    exchange carries them under a gradient rule; otherwise they are combined
+    here after the call); and, with ``--lr-scaling``, the learning-rate
+    factor for the coming step is set first.
 
     Parameters
     ----------
@@ -36,21 +37,25 @@ class KerasStep:
     distributed : DistributedFunction
     accumulators : list of SharedVariable
         Metric state updated by the step (scalars, Keras' floatx).
+    kinds : list of str
+        Per accumulator, how its increments combine (:func:`.metrics.metric_kinds`).
     lr_scale : SharedVariable or None
         The in-graph factor of the optimizer's learning rate.
-    summed_in_step : list of SharedVariable
-        The accumulators whose increments the step's exchange already sums.
+    carried : list of SharedVariable
+        The accumulators the step's exchange already combines.
     """
 
-    def __init__(self, adapter, distributed, accumulators, lr_scale=None, summed_in_step=()):
+    def __init__(self, adapter, distributed, accumulators, kinds, lr_scale=None, carried=()):
         self.adapter = adapter
         self.session = adapter.session
         self.distributed = distributed
         self.accumulators = list(accumulators)
         self.lr_scale = lr_scale
-        in_step = {id(v) for v in summed_in_step}
-        #: positions in ``accumulators`` of those summed after the call
-        self._after_call = [i for i, v in enumerate(self.accumulators) if id(v) not in in_step]
+        in_step = {id(v) for v in carried}
+        #: per accumulator, its combination after the call (None: done in the step)
+        self._kinds = [None if id(v) in in_step else kind
+                       for v, kind in zip(self.accumulators, kinds)]
+        self._after_call = any(kind is not None for kind in self._kinds)
         self._after_step = None   # accumulator values after the latest step
 
     def __getattr__(self, name):
@@ -74,9 +79,9 @@ class KerasStep:
         if before is None:
             return outputs
         if model.step != steps:
-            sum_increments([self.accumulators[i] for i in self._after_call],
-                           [before[i] for i in self._after_call], session.exchanger,
-                           counts=bool(distributed.last_weight))
+            if self._after_call:
+                combine_increments(self.accumulators, before, self._kinds, session.exchanger,
+                                   weight=distributed.last_weight)
             self._after_step = read_copies(self.accumulators)
         elif self._after_step is not None and not any(np.any(b) for b in before):
             # A weak-scaling call that only handed this rank its batch returns
@@ -90,10 +95,11 @@ class KerasStep:
 class KerasEvaluation:
     """A Keras ``test_function`` split across ranks like a training step.
 
-    Each call's batch is cut into contiguous per-rank parts; the loss (and
+    Each call's batch is cut into contiguous per-rank parts (random draws,
+    if the function makes any, are made for the whole batch); the loss (and
     every other output that is not a stateful metric) is averaged weighted by
-    rows, and metric accumulators get the sum of every rank's increment, all
-    in one collective.  Keras then reads the metrics from the accumulators, so
+    rows, and metric accumulators get the one-process increment, all in one
+    collective.  Keras then reads the metrics from the accumulators, so
     results equal the one-process evaluation.
 
     Parameters
@@ -101,16 +107,22 @@ class KerasEvaluation:
     session : tmpi_adapters.core.session.Session
     function : theano compiled function
     accumulators : list of SharedVariable
+    kinds : list of str
+        Per accumulator, how its increments combine (:func:`.metrics.metric_kinds`).
     combine : list of bool
         Per output: True to average it over ranks (Keras reads the others
         back from the accumulators).
+    window : tmpi_adapters.frameworks.random_streams.NoiseWindow or None
+        Set to the whole batch while the function runs, when it draws.
     """
 
-    def __init__(self, session, function, accumulators, combine):
+    def __init__(self, session, function, accumulators, kinds, combine, window=None):
         self.session = session
         self.fn = function
         self.accumulators = list(accumulators)
+        self.kinds = list(kinds)
         self.combine = list(combine)
+        self.window = window
 
     def __getattr__(self, name):
         return getattr(self.fn, name)
@@ -123,47 +135,22 @@ class KerasEvaluation:
         lo, hi, weight = local_rows(rows, session.rank, session.size)
         local = cut_rows(args, rows, lo, hi)
         before = read_copies(self.accumulators)
-        outputs = self.fn(*local)
-        means = [float(o) for o, c in zip(outputs, self.combine) if c]
-        totals = [np.asarray([weight * m for m in means] + [weight], dtype=np.float64)]
-        totals += increments(self.accumulators, before, counts=weight > 0)
-        reduced = session.exchanger.allreduce(totals, op="sum")
-        write_sums(self.accumulators, before, reduced[1:])
-        sums, count = reduced[0][:-1], reduced[0][-1]
-        combined = iter(sums / count)
+        if self.window is not None:
+            self.window.whole_batch(rows, lo)
+        try:
+            outputs = self.fn(*local)
+        finally:
+            if self.window is not None:
+                self.window.local()
+        losses = [(o, "mean") for o, c in zip(outputs, self.combine) if c]
+        combined = iter(combine_increments(self.accumulators, before, self.kinds,
+                                           session.exchanger, weight, total=rows,
+                                           extra=losses))
         return [np.asarray(next(combined), dtype=np.asarray(o).dtype) if c else o
                 for o, c in zip(outputs, self.combine)]
 
 
-# -- accumulators and logs (numpy in, numpy out) -----------------------------------------
-
-def read_copies(variables):
-    """Copies of the values of shared variables (list of numpy arrays)."""
-    return [np.array(v.get_value(borrow=True), copy=True) for v in variables]
-
-
-def increments(variables, before, counts=True):
-    """Each variable's change since ``before``, as float64 (zeros unless ``counts``)."""
-    result = []
-    for variable, old in zip(variables, before):
-        new = np.asarray(variable.get_value(borrow=True), dtype=np.float64)
-        result.append(new - old if counts else np.zeros_like(new))
-    return result
-
-
-def write_sums(variables, before, summed):
-    """``variable = before + summed increment``, in the variable's dtype."""
-    for variable, old, delta in zip(variables, before, summed):
-        variable.set_value(np.asarray(old + delta, dtype=old.dtype))
-
-
-def sum_increments(variables, before, exchanger, counts=True):
-    """Replace each rank's own increment of accumulators by the sum over ranks."""
-    if not variables:
-        return
-    summed = exchanger.allreduce(increments(variables, before, counts), op="sum")
-    write_sums(variables, before, summed)
-
+# -- logs ---------------------------------------------------------------------------
 
 def agree_logs(logs, exchanger):
     """Make a Keras ``logs`` dict identical on every rank (in place).

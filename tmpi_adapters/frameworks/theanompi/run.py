@@ -46,25 +46,40 @@ DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "driver.py")
 def read_config(path):
     """Parse a Theano-MPI ``launch_session.cfg`` (shell-style ``KEY=VALUE`` lines).
 
-    Unknown keys are an error naming the known ones.
+    Unknown keys, text that is not UTF-8 and values a shell could not read
+    (an unclosed quote) are errors naming the file and line.
     """
     if not os.path.isfile(path):
         raise ConfigError("config file %r not found." % path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise ConfigError("%s:%d: not UTF-8 text (byte 0x%02x): a launch_session.cfg holds "
+                          "KEY=VALUE lines of text; save it as UTF-8."
+                          % (path, line, exc.object[exc.start]))
+    except OSError as exc:
+        raise ConfigError("config file %r cannot be read: %s." % (path, exc.strerror or exc))
     values = {}
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
-                continue
-            if text.startswith("export "):
-                text = text[len("export "):].strip()
-            if "=" not in text:
-                raise ConfigError("%s:%d: expected KEY=VALUE, found %r" % (path, number, text))
-            key, value = (part.strip() for part in text.split("=", 1))
-            if key not in CONFIG_KEYS:
-                raise ConfigError("%s:%d: unknown key %s; %s knows %s." % (
-                    path, number, key, "tmpi run", ", ".join(CONFIG_KEYS)))
+    for number, line in enumerate(lines, start=1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        if text.startswith("export "):
+            text = text[len("export "):].strip()
+        if "=" not in text:
+            raise ConfigError("%s:%d: expected KEY=VALUE, found %r" % (path, number, text))
+        key, value = (part.strip() for part in text.split("=", 1))
+        if key not in CONFIG_KEYS:
+            raise ConfigError("%s:%d: unknown key %s; %s knows %s." % (
+                path, number, key, "tmpi run", ", ".join(CONFIG_KEYS)))
+        try:
             values[key] = " ".join(shlex.split(value)) if value else ""
+        except ValueError as exc:
+            raise ConfigError("%s:%d: %s cannot be read as a shell value (%s): %s. Close "
+                              "the quote, or leave the quotes out."
+                              % (path, number, key, str(exc).lower(), value))
     return values
 
 
@@ -89,6 +104,9 @@ def session_settings(rule=None, devices=None, sync_type=None, exch_strategy=None
         exchanger, precision = EXCHANGE_STRATEGIES[exch_strategy]
     if isinstance(devices, str):
         devices = [d for d in devices.replace(" ", ",").split(",") if d]
+        if not devices:
+            raise ConfigError("DEVICES is empty: list one device per rank, e.g. "
+                              "DEVICES=cpu0,cpu1 or DEVICES=\"cuda0 cuda1\".")
     n = len(devices) if devices else None
     return name, rule_options, n, exchanger, precision
 

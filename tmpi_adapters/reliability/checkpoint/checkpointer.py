@@ -24,6 +24,7 @@ loads the saved state (:mod:`~tmpi_adapters.reliability.checkpoint.replay`).
 """
 import os
 import sys
+import tempfile
 import time
 
 from tmpi_adapters.errors import CheckpointError
@@ -89,6 +90,14 @@ class Checkpointer:
             except OSError as exc:
                 raise CheckpointError("cannot create --checkpoint-dir %s: %s."
                                       % (self.directory, exc.strerror or exc))
+            try:
+                # Found now, not at the first checkpoint an epoch later.
+                with tempfile.TemporaryFile(dir=self.directory):
+                    pass
+            except OSError as exc:
+                raise CheckpointError("cannot write to --checkpoint-dir %s: %s. Pass a "
+                                      "directory this user may write to."
+                                      % (self.directory, exc.strerror or exc))
             remove_stale_partials(self.directory)
         self.generators.install()
         if self.settings.resume:
@@ -126,7 +135,12 @@ class Checkpointer:
         policy, replay = self.policy, self.replay
         if replay is not None:
             if policy.calls < replay.calls:
-                self._answer = replay.check_call(call, policy.calls)
+                logged = replay.check_call(call, policy.calls)
+                # A function with updates (a Keras test function's metric
+                # accumulators) runs again for its updates; what it returns
+                # is what it returned then, on the parameters of then.
+                updates = call.kind != "train" and call.function.has_updates
+                self._answer = None if updates else logged
                 policy.before_call(call.kind)
                 try:
                     value = yield
@@ -134,18 +148,22 @@ class Checkpointer:
                     self._answer = None
                 policy.after_call(call.kind)
                 policy.due = False
+                if updates and logged[0]:
+                    return logged[1]
                 return None if value is _NONE else value
             self._finish_replay()
         policy.before_call(call.kind)
-        if policy.due and self.writer:
-            self.write("every")
+        if policy.due:
+            if self.writer:
+                self.write("every")
+            else:
+                # Rank 0 writes it now: every rank can name the last checkpoint.
+                self.last_written = os.path.join(self.directory, NAME % policy.train_calls)
+                policy.written()
         print_ = fingerprint(call.args, call.kwargs) if self.log is not None else 0
         value = yield
         if self.log is not None:
-            # Functions with updates change state the checkpoint does not
-            # hold: a replay runs them again instead of answering them.
-            updates = call.kind != "train" and call.function.has_updates
-            self.log.append(call.function.key, print_, value, record=not updates)
+            self.log.append(call.function.key, print_, value)
         policy.after_call(call.kind)
         return value
 

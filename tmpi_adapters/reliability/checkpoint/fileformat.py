@@ -98,19 +98,21 @@ def remove_stale_partials(directory):
 
 
 def list_checkpoints(directory):
-    """Checkpoint files in ``directory``, oldest first (by time written, then name)."""
+    """Checkpoint files in ``directory``, oldest first: by the training step in
+    their names (then by time written, for files of different runs)."""
     try:
         names = [n for n in os.listdir(directory) if PATTERN.match(n)]
     except OSError:
         return []
-    paths = [os.path.join(directory, n) for n in names]
 
-    def written(path):
+    def order(name):
+        path = os.path.join(directory, name)
         try:
-            return (os.stat(path).st_mtime_ns, path)
+            written = os.stat(path).st_mtime_ns
         except OSError:
-            return (0, path)
-    return sorted(paths, key=written)
+            written = 0
+        return (int(PATTERN.match(name).group(1)), written, name)
+    return [os.path.join(directory, n) for n in sorted(names, key=order)]
 
 
 def latest_checkpoint(directory):

@@ -18,6 +18,8 @@ continuing somewhere else.
 """
 import itertools
 import os
+import shlex
+import sys
 import time
 
 from tmpi_adapters.errors import CheckpointError, ConfigError
@@ -65,12 +67,22 @@ class Replay:
             return None
         header, state = decode(data, path)
         replay = cls(path, header, state)
-        replay.check_run(session)
+        replay.check_run(session, settings)
         return replay
 
-    def check_run(self, session):
-        """Refuse a checkpoint of another rule or scaling mode; warn of another script."""
+    def check_run(self, session, settings=None):
+        """Refuse a checkpoint of another rule or scaling mode, or of other script
+        arguments (unless ``--allow-new-arguments``); warn of another script."""
         options, state, path = session.options, self.state, self.path
+        arguments, saved = list(sys.argv[1:]), state.get("arguments")
+        if saved is not None and list(saved) != arguments and \
+                not getattr(settings, "allow_new_arguments", False):
+            raise CheckpointError(
+                "checkpoint %s was written by a run with the script arguments %s; this run "
+                "has %s. Resume replays the script's first calls, so it needs the same "
+                "arguments: run it with %s, or pass --allow-new-arguments to continue "
+                "with these (e.g. to train for more epochs)."
+                % (path, _quoted(saved), _quoted(arguments), _quoted(saved)))
         if state["rule"] != options.rule:
             raise CheckpointError("checkpoint %s was written by a run with --rule %s; resume "
                                   "it with --rule %s (this run has --rule %s)."
@@ -198,6 +210,11 @@ def _share(comm, rank, path, data, error):
     buffer = data if rank == 0 else bytearray(size)
     comm.Bcast([buffer, MPI.BYTE], root=0)
     return path, bytes(buffer), None
+
+
+def _quoted(arguments):
+    """Script arguments as a shell would take them (``(none)`` when there are none)."""
+    return "`%s`" % shlex.join(arguments) if arguments else "(none)"
 
 
 def _describe(row):

@@ -1,0 +1,235 @@
+"""Real graph patterns on N ranks: the one-process numbers, or one clear error.
+
+Time-major sequence batches (``theano.scan`` and Blocks' recurrent bricks),
+graphs that write the batch size in (the Theano tutorials' LeNet), functions
+that evaluate without training, short and empty batches.  The multi-rank
+tests run real ``tmpi wrap`` jobs in float64, mostly with pure-Python Theano
+(``cxx=``: these tiny graphs compile in seconds that way); the others read
+graphs in this process without compiling them in C.
+"""
+import importlib.util
+
+import numpy as np
+import pytest
+
+from conftest import SCRIPTS, assert_close, check, final_numbers, rank_env, tmpi
+
+THEANO = SCRIPTS / "transparency_theano.py"
+FIXED = SCRIPTS / "transparency_fixed.py"
+BLOCKS = SCRIPTS / "transparency_blocks.py"
+HAVE_BLOCKS = all(importlib.util.find_spec(m) is not None for m in ("blocks", "fuel"))
+needs_blocks = pytest.mark.skipif(not HAVE_BLOCKS, reason=(
+    "Blocks is not installable from PyPI; install it from its repository to run these tests"))
+
+
+def python_env():
+    """float64, pure-Python Theano: no C compilation for these small graphs."""
+    env = rank_env()
+    env["THEANO_FLAGS"] += ",cxx="
+    return env
+
+
+def wrap(n, script, *args, env=None):
+    return check(tmpi("wrap", "-n", str(n), "--framework", "theano", script, *args,
+                      env=env or python_env()))
+
+
+def lines(stdout, prefix):
+    return [line for line in stdout.splitlines() if line.startswith(prefix)]
+
+
+def assert_same_numbers(result, reference, keys):
+    for key in keys:
+        assert_close(final_numbers(result.stdout, key), final_numbers(reference.stdout, key),
+                     1e-8)
+
+
+# ------------------------------------------------------------- plain Theano, real ranks
+
+THEANO_KEYS = ("scan_cost", "scan_norms", "values", "two_rows", "mixed", "short_cost",
+               "empty_batches", "short_norms")
+
+
+@pytest.fixture(scope="module")
+def theano_one_rank():
+    return wrap(1, THEANO)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_scan_eval_and_short_batches_match_one_rank(theano_one_rank, n):
+    result = wrap(n, THEANO)
+    assert_same_numbers(result, theano_one_rank, THEANO_KEYS)
+    # Per-row predictions gathered in order, an integer count kept an integer.
+    assert lines(result.stdout, "final predictions") == \
+        lines(theano_one_rank.stdout, "final predictions")
+    # The evaluation is split; a value that mixes rows runs whole on every rank.
+    assert "kind evaluate SplitFunction" in result.stdout
+    assert "kind mixed Function" in result.stdout
+    assert "kind evaluate Function" in theano_one_rank.stdout  # one rank: the script's own
+
+
+@pytest.mark.mpi
+def test_lenet_style_fixed_batch_graph_is_rebuilt_for_each_rank():
+    # conv2d has no pure-Python implementation with this SciPy: compiled in C.
+    one, two = wrap(1, FIXED, "conv", env=rank_env()), wrap(2, FIXED, "conv", env=rank_env())
+    assert_same_numbers(two, one, ("conv_cost", "conv_errors", "conv_norms"))
+    assert "kind validate SplitFunction" in two.stdout
+
+
+@pytest.mark.mpi
+def test_batch_size_of_a_reshape_is_read_on_the_first_call():
+    one, three = wrap(1, FIXED, "reshape"), wrap(3, FIXED, "reshape")
+    assert_same_numbers(three, one, ("reshape_cost", "reshape_norms"))
+
+
+@pytest.mark.mpi
+def test_batch_size_that_cannot_be_told_apart_is_a_clear_error():
+    result = tmpi("wrap", "-n", "2", "--framework", "theano", FIXED, "ambiguous",
+                  env=python_env())
+    assert result.returncode != 0
+    assert "writes the batch size 4 in a Reshape to (2, 4, 4, 4)" in result.stderr
+    assert "--scaling weak" in result.stderr and "Traceback" not in result.stderr
+
+
+@needs_blocks
+@pytest.mark.mpi
+def test_blocks_time_major_sequence_model_matches_one_rank():
+    keys = ("train_sequence_log_likelihood", "train_batch_rows", "train_time_steps",
+            "train_max_step_cost", "valid_sequence_log_likelihood", "valid_batch_rows",
+            "param_norms")
+    one = check(tmpi("wrap", "-n", "1", BLOCKS, env=python_env()))
+    for n in (2, 3):
+        result = check(tmpi("wrap", "-n", str(n), BLOCKS, env=python_env()))
+        assert_same_numbers(result, one, keys)
+
+
+# ------------------------------------------------------------- graphs read in this process
+
+def _recurrent(time_major_cost=True):
+    import theano
+    import theano.tensor as T
+    x, mask = T.tensor3("x"), T.matrix("mask")
+    W = theano.shared(np.ones((3, 3)), name="W")
+    states, _ = theano.scan(lambda x_t, h: T.tanh(T.dot(x_t, W) + h), sequences=x,
+                            outputs_info=T.zeros((x.shape[1], 3)))
+    per_step = states.sum(axis=2) * mask
+    cost = per_step.sum() / x.shape[1] if time_major_cost else per_step.mean()
+    return x, mask, cost
+
+
+def test_time_major_inputs_have_their_batch_on_axis_one():
+    from tmpi_adapters.core.layout import Layout
+    for explicit in (True, False):
+        x, mask, cost = _recurrent(explicit)
+        layout = Layout([x, mask], [cost], costs=[cost])
+        # x: scanned over (time on axis 0); mask: multiplied with x's steps.
+        assert (layout.axis(x), layout.axis(mask), layout.problem) == (1, 1, None)
+
+
+def test_an_input_with_two_candidate_batch_axes_is_a_problem():
+    import theano.tensor as T
+    from tmpi_adapters.core.layout import Layout
+    x = T.matrix("x")
+    costs = [x.sum() / x.shape[0], x.sum() / x.shape[1]]
+    layout = Layout([x], costs, costs=costs)
+    assert "axes [0, 1] of input 'x'" in layout.problem
+
+
+def test_returned_values_are_classified_from_the_graph():
+    import theano
+    import theano.tensor as T
+    from tmpi_adapters.core.layout import Layout
+    from tmpi_adapters.core.outputs import UNDECIDED, classify
+    from tmpi_adapters.core.rowwise import RowWise
+    x, y = T.matrix("x"), T.ivector("y")
+    W = theano.shared(np.zeros((4, 3)), name="W")
+    probs = T.nnet.softmax(T.dot(x, W))
+    outputs = {
+        "mean": T.nnet.categorical_crossentropy(probs, y).mean(),
+        "sum": T.sum(T.neq(T.argmax(probs, axis=1), y)),
+        "max": probs.max(),
+        "min": -probs.max(),
+        "rows": T.argmax(probs, axis=1),
+        "same": W.sum(),
+        "count": x.shape[0],
+        "picked": -T.mean(T.log(probs)[T.arange(y.shape[0]), y]),
+        "mixed": (x - x.mean(axis=0)).max(),
+    }
+    rows = RowWise(Layout([x, y], list(outputs.values())))
+    kinds = {name: classify(v, {x, y}, None, rows=rows) for name, v in outputs.items()}
+    assert kinds == {"mean": "mean", "sum": "sum", "max": "max", "min": "min", "rows": "rows",
+                     "same": "same", "count": "sum", "picked": "mean", "mixed": None}
+    assert classify(x - x.mean(axis=0), {x, y}, None, rows=rows) == UNDECIDED
+
+
+def test_reshape_to_the_batch_size_follows_each_call():
+    import theano
+    import theano.tensor as T
+    from tmpi_adapters.core.fixedbatch import find, rebuild
+    x = T.matrix("x")
+    out = (x.reshape((6, 2, 2)) ** 2).sum(axis=(1, 2))
+    found = find([out], [x])
+    assert [shape for _, shape in found.reshapes] == [[6, 2, 2]] and found.batch is None
+    [rebuilt] = rebuild([out], 6, x.shape[0], [x])
+    f = theano.function([x], rebuilt, mode=theano.compile.Mode(linker="py"))
+    data = np.arange(24.0).reshape(6, 4)
+    for lo, hi in ((0, 6), (0, 3), (3, 5), (0, 1)):
+        assert np.allclose(f(data[lo:hi]), (data[lo:hi] ** 2).sum(axis=1))
+
+
+def test_batches_split_along_their_batch_axis_and_empty_batches_count_once():
+    from tmpi_adapters.core.batches import batch_rows, cut_rows, local_share
+    seq, labels = np.zeros((5, 7, 3)), np.zeros(7)
+    assert batch_rows([seq, labels], [1, 0]) == 7
+    cut = cut_rows([seq, labels], 7, 2, 5, [1, 0])
+    assert cut[0].shape == (5, 3, 3) and cut[1].shape == (3,)
+    assert batch_rows({"x": seq}, {"x": 1}) == 7
+    assert [local_share(2, r, 3) for r in range(3)] == [(0, 1, 0, 2), (0, 1, 1, 2),
+                                                        (1, 2, 1, 2)]
+    assert [local_share(0, r, 3) for r in range(3)] == [(0, 0, 1, 1), (0, 0, 0, 1),
+                                                        (0, 0, 0, 1)]
+
+
+class _Gathering:
+    """Stands in for one rank's exchanger: gathers packed rows with given others'."""
+
+    def __init__(self, rank, others):
+        self.rank, self.others = rank, others
+        self.sent = None
+
+    def allgather_rows(self, array):
+        self.sent = array
+        parts = list(self.others)
+        parts.insert(self.rank, array)
+        return np.concatenate(parts)
+
+
+class _Session:
+    size = 2
+
+    def __init__(self, exchanger):
+        self.exchanger = exchanger
+        self.options = type("Options", (), {"outputs": "averaged"})()
+
+
+def test_combined_values_are_those_of_the_whole_batch():
+    from tmpi_adapters.core.outputs import Combiner
+    kinds = ["mean", "sum", "max", "min", "rows", "same", "rows"]
+    axes = [0, 0, 0, 0, 0, 0, 1]
+    data = np.random.RandomState(0).rand(7, 3)
+    parts = [data[:3], data[3:]]
+    active = [0, 1, 2, 3, 4, 6]   # "same" is left alone
+
+    def values(part):
+        return [part.mean(), np.int64((part > 0.5).sum()), part.max(), part.min(),
+                part.argmax(axis=1), np.float64(2.5), part.T.copy()]
+    # Rank 1 (rows 3..6) packs first; rank 0 then gathers both.
+    second = _Gathering(1, [])
+    Combiner(_Session(second), kinds, axes)._gathered(values(parts[1]), active, 4)
+    first = _Gathering(0, [second.sent])
+    combined = Combiner(_Session(first), kinds, axes)._gathered(values(parts[0]), active, 3)
+    whole = values(data)
+    for got, want in zip(combined, whole):
+        assert np.asarray(got).dtype == np.asarray(want).dtype
+        assert np.allclose(got, want)

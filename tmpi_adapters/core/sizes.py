@@ -1,0 +1,114 @@
+"""How the sizes of an op's outputs follow from its inputs', for :mod:`.layout`.
+
+Each size is a *symbol* (``(id(input), axis)``: an axis of a data input), an
+int, or ``None`` (unknown).  Elementwise ops, dimshuffles, slices, lookups,
+reshapes to shapes read from other variables and scans are read here (and
+say which symbols are the same axis, through the layout's union-find); any
+other op answers through its own ``infer_shape``, given placeholders for its
+inputs' sizes.  Theano is imported when these run.
+"""
+import numpy as np
+
+
+def node_sizes(layout, node):
+    """The sizes of ``node``'s outputs (a list of tuples), from its inputs'."""
+    from theano.scan_module.scan_op import Scan
+    from theano.tensor.basic import Reshape
+    from theano.tensor.elemwise import DimShuffle, Elemwise
+    from theano.tensor.subtensor import (AdvancedSubtensor1, IncSubtensor, Subtensor,
+                                         get_idx_list)
+    op, sizes = node.op, layout.sizes
+    ins = [sizes.get(v, (None,) * (getattr(v, "ndim", 0) or 0)) for v in node.inputs]
+    if isinstance(op, Elemwise):
+        out = []
+        ndim = node.outputs[0].ndim
+        for axis in range(ndim):
+            found = [shape[axis] for shape, v in zip(ins, node.inputs)
+                     if v.ndim == ndim and not v.broadcastable[axis]]
+            syms = [s for s in found if isinstance(s, tuple)]
+            for other in syms[1:]:
+                layout.union(syms[0], other)
+            known = syms or [s for s in found if s is not None]
+            out.append(known[0] if known else (1 if not found else None))
+        return [tuple(out)] * len(node.outputs)
+    if isinstance(op, DimShuffle):
+        return [tuple(1 if d == "x" else ins[0][d] for d in op.new_order)]
+    if isinstance(op, Subtensor):
+        index = get_idx_list(node.inputs, op.idx_list)
+        # A slice keeps its axis (a slice of the time axis is still time).
+        kept = [s for s, i in zip(ins[0], index) if isinstance(i, slice)]
+        return [tuple(kept) + tuple(ins[0][len(index):])]
+    if isinstance(op, IncSubtensor):
+        return [ins[0]]
+    if isinstance(op, AdvancedSubtensor1):
+        return [(ins[1][0],) + tuple(ins[0][1:])]
+    if isinstance(op, Reshape):
+        vector = layout.resolve_vector(node.inputs[1])
+        if vector is None:
+            return None
+        return [tuple(None if v == -1 else v for v in vector)]
+    if isinstance(op, Scan):
+        return _scan_sizes(layout, node, ins)
+    return _inferred_sizes(layout, node, ins)
+
+
+def _scan_sizes(layout, node, ins):
+    """A scan's sequences share its time axis; its outputs start with it."""
+    info = node.op.info
+    n_seqs = info["n_seqs"]
+    steps = layout.resolve(node.inputs[0])
+    syms = [shape[0] for shape in ins[1:1 + n_seqs] if shape and isinstance(shape[0], tuple)]
+    if isinstance(steps, tuple):
+        syms.append(steps)
+    for other in syms[1:]:
+        layout.union(syms[0], other)
+    if syms:
+        layout.time.add(syms[0])
+    time = syms[0] if syms else steps
+    n_recurrent = info["n_mit_mot"] + info["n_mit_sot"] + info["n_sit_sot"]
+    recurrent = ins[1 + n_seqs:1 + n_seqs + n_recurrent]
+    out = []
+    for k, variable in enumerate(node.outputs):
+        tail = tuple(recurrent[k][1:]) if k < len(recurrent) else (None,) * (variable.ndim - 1)
+        out.append(((time,) + tail)[:variable.ndim] if variable.ndim else ())
+    return out
+
+
+def _inferred_sizes(layout, node, ins):
+    """Any other op: its ``infer_shape`` on placeholders for its inputs' sizes."""
+    import theano.tensor as T
+    infer = getattr(node.op, "infer_shape", None)
+    if infer is None:
+        return None
+    placeholders, shapes = {}, []
+    for shape in ins:
+        entries = []
+        for size in shape:
+            holder = T.lscalar()
+            placeholders[holder] = size
+            entries.append(holder)
+        shapes.append(tuple(entries))
+    result = infer(node, shapes)
+    out = []
+    for shape in result:
+        entries = []
+        for expr in shape:
+            if expr in placeholders:
+                entries.append(placeholders[expr])
+            elif hasattr(expr, "owner"):
+                size = layout.resolve(expr)
+                entries.append(size if size is not None else _constant(expr))
+            else:
+                entries.append(_constant(expr))
+        out.append(tuple(entries))
+    return out
+
+
+def _constant(expr):
+    import theano.tensor as T
+    if isinstance(expr, (int, np.integer)):
+        return int(expr)
+    try:
+        return int(T.get_scalar_constant_value(expr))
+    except Exception:  # noqa: BLE001 - not a constant
+        return None

@@ -1,0 +1,136 @@
+"""How the plain-Theano adapter compiles a function whose batch is split.
+
+:func:`analyse_function` reads a function's graph once on more than one rank
+(where its batch is, the batch axis of each input, which values are per row:
+:mod:`tmpi_adapters.core.split`); :func:`split_compiler` compiles it for a
+rank's share of each batch (shared batches and ``givens`` sliced, a batch
+size the graph writes in made each rank's own:
+:mod:`tmpi_adapters.core.fixedbatch`); :func:`split_evaluation` turns a
+function that does not train into a
+:class:`~tmpi_adapters.core.function.SplitFunction` where the graph says how
+every value it returns combines.  Theano is imported when these run.
+"""
+from tmpi_adapters.core.fixedbatch import FixedBatch
+from tmpi_adapters.core.function import SplitFunction
+from tmpi_adapters.core.graph import ancestors
+from tmpi_adapters.core.layout import Layout
+from tmpi_adapters.core.outputs import KINDS, Combiner, classify
+from tmpi_adapters.core.rowwise import RowWise
+from tmpi_adapters.core.split import analyse
+from tmpi_adapters.errors import ConfigError
+
+
+def pairs(givens):
+    """``givens`` (a dict or pairs) as a list of pairs."""
+    return list(givens.items()) if hasattr(givens, "items") else list(givens or [])
+
+
+def row_axes(rows, outputs):
+    """The batch axis of each per-row output (0 where the graph does not say)."""
+    if rows is None:
+        return None
+    return [mark if isinstance(mark, int) else 0 for mark in (rows(o) for o in outputs)]
+
+
+def analyse_function(adapter, inputs, given_pairs, graph, costs, update_pairs,
+                     slice_givens=True):
+    """The :class:`~tmpi_adapters.core.split.SplitPlan` and row-wise marks of a
+    function compiled on more than one rank (``graph``: its outputs, then its
+    update expressions)."""
+    batch_shared = list(adapter.batch_variables(
+        inputs=inputs, outputs=graph[:len(graph) - len(update_pairs)],
+        updates=update_pairs) or [])
+    return analyse(inputs, given_pairs, batch_shared, graph, costs, slice_givens=slice_givens)
+
+
+def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pairs, updates,
+                   graph, plan, replace, step=None, fixed=None):
+    """``(compile_with, first_split)`` for a function split by ``plan``:
+    ``compile_with(None)`` compiles it (shared batches sliced, ``givens``
+    sliced, a batch size the graph declares made each rank's own);
+    ``first_split(rows)`` compiles it again for a batch size only the first
+    split call tells, or returns ``None``.  ``replace`` and ``step`` are
+    :meth:`~tmpi_adapters.frameworks.theano.TheanoAdapter._rebuilt`'s."""
+    if plan is not None:
+        if plan.replace and replace:
+            # The replacement values (marked gradients, the step's exchange)
+            # read the shared batch variables too: slice them there as well.
+            import theano
+            keys = list(replace)
+            replace = dict(zip(keys, theano.clone([replace[k] for k in keys],
+                                                  replace=plan.replace)))
+        replace = {**replace, **plan.replace}
+        if fixed is None:
+            fixed = FixedBatch(graph, plan.data, plan.local_rows_variable(), key)
+    givens = bound.arguments.get("givens")
+    new_givens = None
+    if plan is not None and plan.given_pairs is not None:
+        new_givens = type(givens)(plan.given_pairs) if hasattr(givens, "items") \
+            else plan.given_pairs
+
+    def compile_with(transform):
+        if transform is None and fixed and fixed.batch is not None:
+            transform = fixed.transform(fixed.batch)
+        if not replace and new_givens is None and transform is None and step is None:
+            return adapter.compile(*bound.args, **bound.kwargs)
+        compile_args, compile_kwargs = adapter._rebuilt(
+            bound, output_list, rebuild_outputs, update_pairs, replace, updates, new_givens,
+            step=step, transform=transform)
+        if plan is not None and plan.sliced and compile_kwargs.get("on_unused_input") is None:
+            # The batch index now only feeds the slice bounds computed outside.
+            compile_kwargs["on_unused_input"] = "ignore"
+        compiled = adapter.compile(*compile_args, **compile_kwargs)
+        if plan is not None and plan.bounds_fn is None:
+            plan.compile_bounds(adapter._original_function)
+        return compiled
+
+    def first_split(rows):
+        if fixed is not None and fixed.needs(rows):
+            return compile_with(fixed.transform(rows))
+        return None
+    return compile_with, (first_split if fixed else None)
+
+
+def split_evaluation(adapter, bound, output_list, rebuild_outputs, update_pairs, updates):
+    """A function without training and without updates whose inputs carry a
+    batch, split across ranks (:class:`SplitFunction`), or ``None`` where it
+    runs whole on every rank: one rank, an adapter that splits its own
+    evaluation, weak scaling, rules whose ranks do not meet per step, random
+    draws, or a value whose combination the graph does not tell."""
+    import theano
+    session = adapter.session
+    if (session.size == 1 or not adapter.split_evaluations or update_pairs or not output_list
+            or adapter.batch_mode() != "rows" or session.rule.exchanges != "gradients"
+            or session.options.outputs == "local"):
+        return None
+    arguments = bound.arguments
+    if not (arguments.get("inputs") or arguments.get("givens")):
+        return None
+    outputs = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
+    if any(getattr(v, "default_update", None) is not None for v in ancestors(outputs)):
+        return None  # random draws: per-row noise would change with the split
+    inputs = list(arguments.get("inputs") or [])
+    plan, rows = analyse_function(adapter, inputs, pairs(arguments.get("givens")), outputs,
+                                  [o for o in outputs if o.ndim == 0], [])
+    if plan.problem or not plan.carries_batch():
+        return None
+    key = "%s~%d" % (arguments.get("name") or "function", session.functions_compiled)
+    fixed = FixedBatch(outputs, plan.data, plan.local_rows_variable(), key)
+    graph = outputs
+    if fixed and fixed.batch is not None:
+        # Per-row values are read from the graph each rank will run.
+        try:
+            graph = fixed.transform(fixed.batch)(list(outputs))
+        except ConfigError:
+            return None  # a batch size tmpi cannot make each rank's own: run it whole
+        rows = RowWise(Layout(plan.data, graph, costs=[o for o in graph if o.ndim == 0]))
+    data = set(plan.data)
+    kinds = [classify(o, data, None, rows=rows) for o in graph]
+    if any(kind not in KINDS for kind in kinds) or all(kind == "same" for kind in kinds):
+        return None
+    compile_with, first_split = split_compiler(
+        adapter, key, bound, output_list, rebuild_outputs, [], updates, outputs, plan, {},
+        fixed=fixed)
+    return SplitFunction(session, compile_with(None), key, plan,
+                         Combiner(session, kinds, row_axes(rows, graph)),
+                         rebuild_outputs.single, first_split=first_split)

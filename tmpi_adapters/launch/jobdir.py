@@ -1,0 +1,144 @@
+"""The job directory: the files ranks leave for their launcher, and the
+directories killed launchers left behind.
+
+``tmpi wrap`` makes one ``tmpi-job-*`` directory per job in the temporary
+directory and names itself in it (:func:`claim_job_dir`); each rank writes
+its files there (:func:`tmpi_adapters.launch.runtime.rank_file`).  The
+launcher removes it when the job ends, also on SIGINT and SIGTERM; a launcher
+killed with SIGKILL cannot, so every launch first sweeps the directories whose
+launcher is gone (:func:`sweep_job_dirs`).
+"""
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+
+from tmpi_adapters.launch.runtime import JOB_DIR_ENV, rank_file
+
+#: The job directory's name, and the file in it that names its launcher
+#: (``"<pid> <start time> <host>"``), so that a later launch can tell a
+#: directory whose launcher was killed from one in use.
+JOB_DIR_PREFIX = "tmpi-job-"
+LAUNCHER_FILE = "launcher"
+#: A job directory without a launcher file (being claimed, or an older
+#: tmpi's) is left alone this long.
+UNCLAIMED_AGE = 24 * 3600.0
+
+
+# ------------------------------------------------------------- the rank files
+
+class RankInfo:
+    """What the launcher knows of one rank from its files in the job directory."""
+
+    def __init__(self, rank, pid, host):
+        self.rank, self.pid, self.host = rank, pid, host
+
+
+def read_ranks(directory):
+    """``{rank: RankInfo}`` of every rank that has written its ``pid`` file."""
+    ranks = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return ranks
+    for name in names:
+        match = re.match(r"rank(\d+)\.pid$", name)
+        if not match:
+            continue
+        try:
+            with open(os.path.join(directory, name)) as handle:
+                fields = handle.read().split()
+            ranks[int(match.group(1))] = RankInfo(int(match.group(1)), int(fields[0]),
+                                                  fields[1] if len(fields) > 1 else None)
+        except (OSError, ValueError, IndexError):
+            continue  # being written
+    return ranks
+
+
+def has_mark(directory, rank, kind):
+    return os.path.exists(rank_file(directory, rank, kind))
+
+
+def process_alive(pid):
+    """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not os.path.exists("/proc")  # /proc exists but had no entry: gone
+
+
+def belongs_to_job(pid, directory):
+    """True when process ``pid`` is a rank of the job using ``directory`` (not a
+    stranger that reused a dead rank's pid)."""
+    marker = ("%s=%s" % (JOB_DIR_ENV, directory)).encode()
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as handle:
+            return marker in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+# -------------------------------------------------------------- job directories
+
+def process_start_time(pid):
+    """When process ``pid`` started (clock ticks since boot), or ``None``."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def claim_job_dir(directory):
+    """Name this process as the launcher of ``directory``."""
+    with open(os.path.join(directory, LAUNCHER_FILE), "w") as handle:
+        handle.write("%d %s %s" % (os.getpid(), process_start_time(os.getpid()) or "-",
+                                   socket.gethostname()))
+
+
+def launcher_alive(directory):
+    """False when the launcher that claimed ``directory`` on this machine is
+    gone; True while it runs, or when that cannot be told (another machine's,
+    or a directory just being claimed)."""
+    try:
+        with open(os.path.join(directory, LAUNCHER_FILE)) as handle:
+            pid, started, host = handle.read().split()
+    except (OSError, ValueError):
+        try:
+            return time.time() - os.stat(directory).st_mtime < UNCLAIMED_AGE
+        except OSError:
+            return True
+    if host != socket.gethostname():
+        return True
+    return process_alive(int(pid)) and started in ("-", process_start_time(int(pid)))
+
+
+def sweep_job_dirs(parent=None):
+    """Remove the job directories of launchers that were killed (``kill -9``
+    is the one way a launcher leaves its directory behind)."""
+    parent = parent or tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(JOB_DIR_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            if not os.path.isdir(path) or os.path.islink(path) or \
+                    os.stat(path).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if not launcher_alive(path):
+            shutil.rmtree(path, ignore_errors=True)

@@ -153,9 +153,10 @@ class _Rank:
     """What :class:`~tmpi_adapters.frameworks.writes.FileWrites` needs of a
     session, for two "ranks" in this process."""
 
-    def __init__(self, rank, token="t0k3n"):
+    def __init__(self, rank, token="t0k3n", exchanges="parameters"):
         import types
         self.rank, self.size = rank, 2
+        self.rule = types.SimpleNamespace(exchanges=exchanges)
         self.options = types.SimpleNamespace(stall_timeout=0.5)
         self.comm = types.SimpleNamespace(
             allgather=lambda item: [(token, item[1]), (None, item[1])])
@@ -164,7 +165,7 @@ class _Rank:
         return False
 
 
-def _ranks(monkeypatch, job=None):
+def _ranks(monkeypatch, job=None, exchanges="parameters"):
     from tmpi_adapters.frameworks.writes import FileWrites
     from tmpi_adapters.launch.runtime import JOB_DIR_ENV
     if job is None:
@@ -173,7 +174,7 @@ def _ranks(monkeypatch, job=None):
         monkeypatch.setenv(JOB_DIR_ENV, str(job))
     ranks = []
     for rank in (0, 1):
-        files = FileWrites(_Rank(rank))
+        files = FileWrites(_Rank(rank, exchanges=exchanges))
         files._directory, files._own_directory, files._local_ranks = files._state_directory()
         files.installed = True
         files._active = lambda: True
@@ -237,6 +238,31 @@ def test_a_rank_that_did_not_write_waits_for_the_writer_with_a_deadline(tmp_path
     with pytest.raises(StallError, match=r"rank 0 to finish open\('%s', 'w'\)" % path):
         later.close()                    # the writer never closes it
     held.close()
+
+
+def test_under_a_lockstep_rule_rank_0_has_a_moments_precedence(tmp_path, monkeypatch):
+    import threading
+    import time
+    from tmpi_adapters.frameworks import writes
+    zero, one = _ranks(monkeypatch, job=tmp_path / "job", exchanges="gradients")
+    runs = []
+    # Rank 1 is first, rank 0 comes a little later: rank 0 writes.
+    later = threading.Timer(0.02, lambda: zero.call("save", [tmp_path / "a"],
+                                                     lambda: runs.append(0) or "zero"))
+    later.start()
+    assert one.call("save", [tmp_path / "a"], lambda: runs.append(1) or "one") == "zero"
+    later.join()
+    assert runs == [0]
+    # Rank 0 never comes: rank 1 writes after the moment, and at once from
+    # then on (a path of its own).
+    start = time.perf_counter()
+    one.call("save", [tmp_path / "b"], lambda: runs.append(1))
+    assert time.perf_counter() - start >= writes.PRECEDENCE_SECONDS
+    start = time.perf_counter()
+    for _ in range(3):
+        one.call("save", [tmp_path / "b"], lambda: runs.append(1))
+    assert time.perf_counter() - start < writes.PRECEDENCE_SECONDS
+    assert runs == [0, 1, 1, 1, 1]
 
 
 def test_tmpis_own_state_directory_goes_with_the_last_rank(tmp_path, monkeypatch):

@@ -272,12 +272,14 @@ def _exchange_rows(exchange):
 
 
 def _overhead_rows(overhead):
-    rows = ["| %s | %s | %s | %+.1f%% (%+.1f%% .. %+.1f%%) |" % (
+    rows = ["| %s | %s | %s | %+.1f%% (%+.1f%% .. %+.1f%%) | %s |" % (
         model, _ms(f["plain_median_s"]), _ms(f["wrapped_median_s"]), 100 * f["overhead"],
-        100 * f["overhead_range"][0], 100 * f["overhead_range"][1])
+        100 * f["overhead_range"][0], 100 * f["overhead_range"][1],
+        "%+.1f%%" % (100 * f["fastest_step_overhead"]) if "fastest_step_overhead" in f else "")
         for model, f in overhead["models"].items()]
     return _table(rows, ["1 rank, separate processes (%d rounds)" % overhead["rounds"],
-                         "plain step", "tmpi wrap -n 1 step", "overhead (range)"])
+                         "plain step", "tmpi wrap -n 1 step", "overhead (range)",
+                         "fastest steps"])
 
 
 def _scaling_rows(scaling):

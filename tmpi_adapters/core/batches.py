@@ -84,8 +84,10 @@ def batch_rows(values, axes=None):
     leading = [n for n in (axis_size(v, a) for v, a in pairs) if n is not None]
     if not leading:
         return None
-    found, counts = np.unique(leading, return_counts=True)
-    return int(found[np.argmax(counts)])
+    if leading.count(leading[0]) == len(leading):
+        return leading[0]
+    # The commonest; of equally common lengths the smallest.
+    return min(set(leading), key=lambda n: (-leading.count(n), n))
 
 
 def take_rows(value, lo, hi, axis=0):

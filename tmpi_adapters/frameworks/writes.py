@@ -11,7 +11,8 @@ writes.  The rule:
   rank's outcome;
 * a path **only one rank writes** (a ``tempfile`` name, a path made from the
   rank or the process id, a write under ``if rank == 0:``) is simply written by
-  that rank: nobody waits for anybody.
+  that rank: nobody waits for it, and it waits for nobody (but for the one
+  bounded pause below).
 
 No rank ever waits for another rank to *reach* a write, so a write reached by
 some ranks only (rank 0 saving a model, or raising a flag, while the others
@@ -31,9 +32,13 @@ or the writer returns (the other writers).  A later rank's ``open`` returns at
 once with a file whose bytes go nowhere, and its ``close`` waits until the
 generation is complete (a log opened at the start and closed at the end does
 not hold up training); a later rank's other writers wait before returning.
-Those waits are the only ones, and they wait for a write already under way,
-never for another rank's progress; one that passes ``--stall-timeout`` is a
-stall naming the path and the writer.
+Those waits are for a write already under way, never for another rank to
+reach one; one that passes ``--stall-timeout`` is a stall naming the path and
+the writer.  The one pause besides: under a lockstep rule, where the ranks
+reach a shared write together and which is first is chance, a rank other than
+0 that is first leaves rank 0 at most :data:`PRECEDENCE_SECONDS` to claim it,
+so that such files are usually written by rank 0, and then writes itself (a
+path whose earlier writes rank 0 never reached is not deferred again).
 
 Paths are compared as absolute paths on the same host (a node-local ``/tmp``
 on another machine is another file).  The counts are per rank, so a script
@@ -53,8 +58,9 @@ process:
 ``numpy.save``/``savez``/``savez_compressed``/``savetxt``, PIL's ``Image.save``, ``Path.write_text``/``write_bytes``/``mkdir``
     libraries that open the file for the script.
 framework writers
-    Keras' ``save_model``/``save_weights``/``CSVLogger`` (and Blocks'
-    ``Checkpoint``) call :meth:`FileWrites.call` with the paths they write.
+    Keras' ``save_model``/``save_weights`` call :meth:`FileWrites.call` with
+    the paths they write, and ``CSVLogger`` opens its file under
+    :meth:`FileWrites.seeing`.
 
 Read-write modes (``r+``, ``w+``) and file descriptors are left alone: the
 ranks that do not write could not read such a file.  Nothing is installed on
@@ -76,6 +82,7 @@ import sys
 import tempfile
 import threading
 
+from tmpi_adapters.frameworks.closing import layered
 from tmpi_adapters.launch.runtime import is_library_frame, job_dir
 
 #: tmpi's own files (its checkpoints, its records) are written by tmpi's rules.
@@ -101,6 +108,9 @@ _JOB_SUBDIR = "writes"
 _OWN_PREFIX = "tmpi-writes-"
 #: The outcome of a write that completed without error.
 _OK = ("ok", None)
+#: Seconds a rank other than 0, first at a write under a lockstep rule, leaves
+#: rank 0 to claim it (see :meth:`FileWrites._defer`).
+PRECEDENCE_SECONDS = 0.1
 
 
 @functools.lru_cache(maxsize=4096)
@@ -133,12 +143,14 @@ class _State:
     done : dict
         ``{generation: ("ok", result) or ("error", exception)}``: the
         generations complete, of the last :data:`_KEPT`.
+    ranks : set
+        The ranks that have reached a write of the path.
     """
 
-    __slots__ = ("claimed", "writers", "done")
+    __slots__ = ("claimed", "writers", "done", "ranks")
 
     def __init__(self):
-        self.claimed, self.writers, self.done = 0, {}, {}
+        self.claimed, self.writers, self.done, self.ranks = 0, {}, {}, set()
 
     def outcome(self, generation):
         """Generation ``generation``'s outcome, or ``None`` while it is written."""
@@ -175,8 +187,8 @@ class _StateFile:
                 finally:
                     if exclusive:
                         state.trim()
-                        data = pickle.dumps((state.claimed, state.writers, state.done),
-                                            protocol=4)
+                        data = pickle.dumps((state.claimed, state.writers, state.done,
+                                             state.ranks), protocol=4)
                         os.ftruncate(fd, 0)
                         os.pwrite(fd, data, 0)
             finally:
@@ -196,7 +208,8 @@ class _StateFile:
             chunks.append(chunk)
             offset += len(chunk)
         if chunks:
-            state.claimed, state.writers, state.done = pickle.loads(b"".join(chunks))
+            state.claimed, state.writers, state.done, state.ranks = pickle.loads(
+                b"".join(chunks))
         return state
 
 
@@ -385,7 +398,9 @@ class FileWrites:
             return run()
         site = site or _site(1)
         state, generation = self._generation(paths)
+        self._defer(state, generation)
         with state.locked() as shared:
+            shared.ranks.add(self.session.rank)
             writes = shared.claimed < generation
             if writes:
                 shared.claimed = generation
@@ -414,12 +429,14 @@ class FileWrites:
         writer's file is closed."""
         site = site or _site(1)
         state, generation = self._generation([file])
+        self._defer(state, generation)
         with state.locked() as shared:
+            shared.ranks.add(self.session.rank)
             if shared.claimed < generation:
                 shared.claimed = generation
                 shared.writers[generation] = self.session.rank
                 try:
-                    written = _layered(file, mode, buffering, encoding, errors, newline, opener,
+                    written = layered(file, mode, buffering, encoding, errors, newline, opener,
                                        functools.partial(self._complete, state, generation,
                                                          _OK))
                 except BaseException as exc:  # noqa: B902 - the ranks that come later raise it too
@@ -431,9 +448,40 @@ class FileWrites:
         if outcome is not None:
             _result(outcome)    # the writer could not open it: neither can this rank
         what = "open(%r, %r) at %s" % (os.fspath(file), mode, site)
-        return _layered(os.devnull, mode.replace("x", "w"), buffering, encoding, errors,
+        return layered(os.devnull, mode.replace("x", "w"), buffering, encoding, errors,
                         newline, None, functools.partial(self._closed, state, generation, what),
                         name=file)
+
+    def _defer(self, state, generation):
+        """Rank 0's precedence: under a lockstep rule the ranks reach a shared
+        write together, and which is first is chance; a rank other than 0
+        that finds generation ``generation`` unclaimed leaves rank 0
+        :data:`PRECEDENCE_SECONDS` to claim it, so that files are usually
+        written by rank 0.  Never for a path whose earlier writes rank 0 did
+        not reach (a path of this rank's own pays it once), never under an
+        asynchronous rule, and never longer: then this rank writes."""
+        rank = self.session.rank
+        if rank == 0 or getattr(self.session.rule, "exchanges", None) != "gradients":
+            return
+        with state.locked() as shared:
+            shared.ranks.add(rank)
+            if shared.claimed >= generation or (generation > 1 and 0 not in shared.ranks):
+                return
+        from tmpi_adapters.exchangers.waiting import wait_for
+        fd = os.open(state.path, os.O_RDWR | os.O_CREAT, 0o600)
+
+        def claimed():
+            with state.locked(exclusive=False, fd=fd) as shared:
+                return shared.claimed >= generation
+
+        def over(what, waited, frame):
+            raise _PrecedenceOver()
+        try:
+            wait_for(claimed, "rank 0's precedence", PRECEDENCE_SECONDS, over)
+        except _PrecedenceOver:
+            pass
+        finally:
+            os.close(fd)
 
     def _run(self, run):
         self._depth += 1
@@ -457,8 +505,13 @@ class FileWrites:
         """A rank that did not write closed its file: it continues once the
         writer's file is closed (unless tmpi's own code dropped the file, as
         the garbage collector may while tmpi waits on the writer itself)."""
-        if not (self._active() and self._here()) or os.path.realpath(
-                sys._getframe(2).f_code.co_filename).startswith(_PACKAGE):
+        if not (self._active() and self._here()):
+            return
+        try:
+            caller = sys._getframe(2).f_code.co_filename
+        except ValueError:
+            return   # closed from no Python code at all
+        if os.path.realpath(caller).startswith(_PACKAGE):
             return
         outcome = self._await(state, generation, what)
         _result(outcome)
@@ -491,8 +544,12 @@ class FileWrites:
         if self.session._stalled(what, waited, frame):
             return
         from tmpi_adapters.errors import StallError
-        raise StallError("rank %d waited %.0f s for %s; the writer never closed the file "
-                         "(or ended)." % (self.session.rank, waited, what))
+        raise StallError("rank %d waited %.0f s for %s; the writer never completed it."
+                         % (self.session.rank, waited, what))
+
+
+class _PrecedenceOver(Exception):
+    """Rank 0 did not claim a write in :data:`PRECEDENCE_SECONDS`."""
 
 
 def _result(outcome):
@@ -501,55 +558,6 @@ def _result(outcome):
     if status == "error":
         raise value
     return value
-
-
-class _ClosingFileIO(io.FileIO):
-    """A raw file that calls ``on_close`` once, after it is closed."""
-
-    _tmpi_on_close = None
-
-    def close(self):
-        on_close, self._tmpi_on_close = self._tmpi_on_close, None
-        try:
-            super().close()
-        finally:
-            if on_close is not None:
-                on_close()
-
-
-def _layered(file, mode, buffering, encoding, errors, newline, opener, on_close, name=None):
-    """What ``open`` builds for a write-only ``mode`` (as in ``_pyio.open``),
-    on a raw file that calls ``on_close`` when it is closed."""
-    raw = _ClosingFileIO(file, mode.replace("b", "").replace("t", ""), opener=opener)
-    raw._tmpi_on_close = on_close
-    try:
-        if name is not None:
-            raw.name = name
-        binary = "b" in mode
-        line_buffering = False
-        if buffering == 1 or buffering < 0 and raw.isatty():
-            buffering, line_buffering = -1, not binary
-        if buffering < 0:
-            buffering = io.DEFAULT_BUFFER_SIZE
-            try:
-                size = os.fstat(raw.fileno()).st_blksize
-                buffering = size if size > 1 else buffering
-            except (OSError, AttributeError):
-                pass
-        if buffering == 0:
-            if binary:
-                return raw
-            raise ValueError("can't have unbuffered text I/O")
-        buffer = io.BufferedWriter(raw, buffering)
-        if binary:
-            return buffer
-        text = io.TextIOWrapper(buffer, encoding, errors, newline, line_buffering)
-        text.mode = mode
-        return text
-    except BaseException:
-        raw._tmpi_on_close = None
-        raw.close()
-        raise
 
 
 def _site(depth):

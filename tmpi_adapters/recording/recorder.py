@@ -47,7 +47,7 @@ class Recorder:
     def __init__(self, session):
         self.session = session
         self.steps = []
-        self.last = None
+        self._last = self._last_record = None
         self.last_summary = None
         self.started = time.perf_counter()
         self._step_start = None
@@ -85,23 +85,34 @@ class Recorder:
         global_samples = total_weight if total_weight else samples * self.session.size
         self.steps.append((compute, comm, wait, self._data, global_samples,
                            stats["collectives"]))
-        busy = compute + comm + wait + self._data
-        self.last = {
-            "type": "step",
-            "model": getattr(model, "name", None),
-            "step": len(self.steps),
-            "time_s": round(now - self.started, 6),
-            "compute_s": compute, "comm_s": comm, "wait_s": wait, "data_s": self._data,
-            "samples": int(round(global_samples)),
-            "samples_per_s": global_samples / busy if busy > 0 else None,
-            "transfer_s": min(stats["transfer_s"], comm),
-            "wire_bytes": stats["wire_bytes"],
-            "collectives": stats["collectives"],
-            "outputs": scalar_outputs(outputs, model.output_names if model is not None else None),
-        }
+        self._last = (now, compute, comm, wait, self._data, global_samples, stats, outputs,
+                      model)
+        self._last_record = None
         self._last_end = now
         self._step_start = None
-        return self.last
+
+    @property
+    def last(self):
+        """The latest step's record (a dict; ``None`` before the first step),
+        built when asked for: a step that nobody records costs nothing more."""
+        if self._last_record is None and self._last is not None:
+            now, compute, comm, wait, data, global_samples, stats, outputs, model = self._last
+            busy = compute + comm + wait + data
+            self._last_record = {
+                "type": "step",
+                "model": getattr(model, "name", None),
+                "step": len(self.steps),
+                "time_s": round(now - self.started, 6),
+                "compute_s": compute, "comm_s": comm, "wait_s": wait, "data_s": data,
+                "samples": int(round(global_samples)),
+                "samples_per_s": global_samples / busy if busy > 0 else None,
+                "transfer_s": min(stats["transfer_s"], comm),
+                "wire_bytes": stats["wire_bytes"],
+                "collectives": stats["collectives"],
+                "outputs": scalar_outputs(outputs,
+                                          model.output_names if model is not None else None),
+            }
+        return self._last_record
 
     # -- reporting --------------------------------------------------------------
     def summary(self):

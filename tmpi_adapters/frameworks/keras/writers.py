@@ -3,7 +3,7 @@
 Keras' own writers follow the rule of :mod:`tmpi_adapters.frameworks.writes`:
 
 ``save_model`` (``Model.save``, ``ModelCheckpoint``), ``Network.save_weights``
-    a path the ranks share is written once, by the lowest rank writing it,
+    a path the ranks share is written once, by the first rank to reach it,
     and every rank returns once the file is complete (a following
     ``load_model`` reads it whole); a rank's own path (a ``tempfile``) is
     written by that rank.

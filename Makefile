@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   - install, then train a small model on 2 ranks
 #   make test   - install, then run the whole test suite (what CI runs)
+#   make bench  - install, then the full benchmark into bench/results/
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -18,7 +19,7 @@ PIPCONF = $(VENV)/pip.conf
 PLUGIN_SOURCES = $(wildcard $(addsuffix /setup.py,$(PLUGINS)) $(addsuffix /pyproject.toml,$(PLUGINS)) \
                             $(addsuffix /README.md,$(PLUGINS)) $(addsuffix /tmpi_plugin_*/*.py,$(PLUGINS)))
 
-.PHONY: install demo test wheels clean
+.PHONY: install demo test bench wheels clean
 
 install: $(STAMP) $(WHEELS) $(PIPCONF)
 
@@ -64,6 +65,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q --durations=20 tests $(addsuffix /tests,$(PLUGINS))
+
+# The full benchmark (~15 min on 2 cores; the suite checks the committed results).
+bench: install
+	$(BIN)/tmpi bench --json bench/results/$$(date +%F).json
 
 # The core and every plugin as wheels in dist/: elsewhere,
 # `pip install --find-links dist/ tmpi-plugin-gosgd` installs one by name.

@@ -32,8 +32,13 @@ What is hooked, and why:
     ranks agree on stopping after every batch and epoch (``FinishAfter``, an
     interrupt on one rank, a custom extension): all stop at the same step.
 ``MainLoop._run_extensions``
-    ``Printing``, ``ProgressBar`` and ``Checkpoint`` (and any extension with
+    ``Printing`` and ``ProgressBar`` (and any extension with
     ``tmpi_rank_zero_only = True``) run on rank 0 only.
+``blocks.extensions.saveload.secure_dump``
+    ``Checkpoint`` runs on every rank and writes under tmpi's rule for files
+    (:mod:`tmpi_adapters.frameworks.writes`): a path the ranks share is
+    written once and every rank goes on once it is complete; a rank's own
+    path is written by that rank.
 
 Nothing here imports Blocks until a session actually uses this adapter.
 """
@@ -47,6 +52,7 @@ from tmpi_adapters.frameworks.blocks.model import BlocksModel, loop_shape
 from tmpi_adapters.frameworks.blocks.monitoring import (MonitoringShares, buffer_accumulators,
                                                         buffer_layout)
 from tmpi_adapters.frameworks.theano import TheanoAdapter
+from tmpi_adapters.frameworks.writes import is_path
 from tmpi_adapters.launch import compat
 
 
@@ -71,9 +77,8 @@ def _require_blocks():
             "framework the script really uses (--framework theano)." % reason)
 
 
-#: Extensions that only write (stdout, files): they run on rank 0 only.
-_RANK_ZERO_ONLY = ("blocks.extensions.Printing", "blocks.extensions.ProgressBar",
-                   "blocks.extensions.saveload.Checkpoint")
+#: Extensions that only print: they run on rank 0 only.
+_RANK_ZERO_ONLY = ("blocks.extensions.Printing", "blocks.extensions.ProgressBar")
 
 
 def _rank_zero_only_types():
@@ -134,6 +139,21 @@ class BlocksAdapter(TheanoAdapter):
         hook(UpdatesAlgorithm, "initialize", self._initialize)
         hook(AggregationBuffer, "get_aggregated_values", self._read_out)
         hook(DatasetEvaluator, "_compile", self._compile_evaluator)
+        self._write_checkpoints_once()
+
+    def _write_checkpoints_once(self):
+        """Blocks' ``Checkpoint`` dumps under tmpi's rule for files."""
+        files = self.transparency.files
+        if files is None:
+            return
+        from blocks.extensions import saveload
+        original = saveload.secure_dump
+
+        def secure_dump(object_, path, *args, **kwargs):
+            def dump():
+                return original(object_, path, *args, **kwargs)
+            return files.call("Blocks Checkpoint", [path], dump) if is_path(path) else dump()
+        self.patcher.patch(saveload, "secure_dump", secure_dump)
 
     def on(self, callback, action):
         """Run ``action(*args)`` once every extension's ``callback`` has run."""

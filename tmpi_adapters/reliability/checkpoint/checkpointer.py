@@ -156,7 +156,7 @@ class Checkpointer:
         if policy.due:
             if self.writer:
                 self.write("every")
-            else:
+            elif self.directory:
                 # Rank 0 writes it now: every rank can name the last checkpoint.
                 self.last_written = os.path.join(self.directory, NAME % policy.train_calls)
                 policy.written()

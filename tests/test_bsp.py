@@ -51,10 +51,9 @@ def test_local_outputs_change_what_is_printed_not_what_is_trained(mlp_one_rank):
 
 @pytest.mark.mpi
 def test_short_last_batch_and_more_ranks_than_its_rows():
-    # 1500 rows in batches of 64: the last batch has 28 rows; with batch 7 on 4
-    # ranks one rank gets a single row and the last batch (2 rows) leaves two
-    # ranks with nothing to do.
-    args = ["--epochs", "1", "--batch-size", "7", "--seed", "5"]
+    # 1500 rows in batches of 499: the last batch has 3 rows, so on 4 ranks
+    # three ranks get a single row and one rank has nothing to do.
+    args = ["--epochs", "2", "--batch-size", "499", "--seed", "5"]
     one = final_numbers(check(tmpi("wrap", "-n", "1", MLP, *args)).stdout, "param_norms")
     four = final_numbers(check(tmpi("wrap", "-n", "4", MLP, *args)).stdout, "param_norms")
     assert_close(four, one, 1e-8)

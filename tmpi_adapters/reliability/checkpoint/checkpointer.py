@@ -158,7 +158,7 @@ class Checkpointer:
                 self.write("every")
             elif self.directory:
                 # Rank 0 writes it now: every rank can name the last checkpoint.
-                self.last_written = os.path.join(self.directory, NAME % policy.train_calls)
+                self.last_written = self.due_path()
                 policy.written()
         print_ = fingerprint(call.args, call.kwargs) if self.log is not None else 0
         value = yield
@@ -214,12 +214,16 @@ class Checkpointer:
             "log": self.log.state(),
         }
 
+    def due_path(self):
+        """The file of the checkpoint due now (named by its training call)."""
+        return os.path.join(self.directory, NAME % self.policy.train_calls)
+
     def write(self, reason):
         """Write a checkpoint now (rank 0); ``reason`` is ``"every"`` or ``"end"``."""
         state = self.capture()
         header = {key: state[key] for key in ("tmpi", "created", "script", "ranks", "rule")}
         header.update(state["point"])
-        path = os.path.join(self.directory, NAME % self.policy.train_calls)
+        path = self.due_path()
         try:
             write_atomic(path, encode(state, header))
         except OSError as exc:

@@ -64,7 +64,8 @@ demo: install
 	$(BIN)/tmpi wrap -n 2 --seed 1 examples/theano_mlp/train.py --epochs 10
 
 test: install
-	$(BIN)/python -m pytest -q --durations=20 tests $(addsuffix /tests,$(PLUGINS))
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=20 \
+		tests $(addsuffix /tests,$(PLUGINS))
 
 # The full benchmark (~15 min on 2 cores; the suite checks the committed results).
 bench: install

@@ -77,7 +77,9 @@ setup(
         # Lasagne 0.1 imports pkg_resources, which setuptools 81 and later
         # no longer ship (torch, for one, pulls a newer setuptools in).
         "lasagne": ["lasagne==0.1", "setuptools<81"],
-        "test": ["pytest>=7"],
+        # The suite runs its test files on two workers: most of a test is
+        # waiting for ranks to start, import and compile, which leaves a core idle.
+        "test": ["pytest>=7", "pytest-xdist>=3"],
         # GPU exchangers; never pulled by the CPU install.
         "gpu": ["cupy-cuda12x", "nvidia-nccl-cu12"],
     },

@@ -1,11 +1,11 @@
 """Shared helpers: run real ranks under the installed mpiexec and read their output."""
-import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tmpi_adapters import testing
+from tmpi_adapters.testing import assert_close, final_numbers  # noqa: F401 (re-exported)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -16,25 +16,17 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 #: Generous bound for one multi-rank run on a loaded 2-core machine; a hang
 #: fails the test instead of stalling CI.
-RUN_TIMEOUT = 600
+RUN_TIMEOUT = testing.TIMEOUT
 
 
 def rank_env(floatx="float64", **extra):
-    """Environment for a run: float64 Theano unless asked otherwise."""
-    env = dict(os.environ)
-    flags = [f for f in env.get("THEANO_FLAGS", "").split(",")
-             if f and not f.startswith("floatX=")]
-    env["THEANO_FLAGS"] = ",".join(flags + ["floatX=%s" % floatx, "blas.ldflags="])
-    env.pop("TMPI_OPTIONS", None)
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
+    """Environment for a run: float64 Theano (compiling C) unless asked otherwise."""
+    return testing.environment(floatx, pure_python=False, **extra)
 
 
 def run(command, env=None, timeout=RUN_TIMEOUT, cwd=None):
-    """Run a command; return CompletedProcess with text stdout/stderr."""
-    return subprocess.run([str(c) for c in command], env=env or rank_env(), cwd=cwd or ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=timeout)
+    """Run a command list in ``env`` (default :func:`rank_env`) from the repository root."""
+    return testing.run_in(env or rank_env(), *command, timeout=timeout, cwd=cwd or ROOT)
 
 
 def tmpi(*args, env=None, timeout=RUN_TIMEOUT):
@@ -49,25 +41,27 @@ def mpiexec(n, *args, env=None, timeout=RUN_TIMEOUT):
 
 def check(result):
     """Assert a run succeeded, showing its output when it did not."""
-    assert result.returncode == 0, "exit %d\n--- stdout\n%s\n--- stderr\n%s" % (
-        result.returncode, result.stdout[-4000:], result.stderr[-4000:])
+    testing.succeeded(result)
     return result
-
-
-def final_numbers(stdout, key):
-    """The floats on the last line starting with ``final <key>``."""
-    lines = [line for line in stdout.splitlines() if line.startswith("final %s" % key)]
-    assert lines, "no 'final %s' line in output:\n%s" % (key, stdout[-3000:])
-    return [float(v) for v in re.findall(r"[-+]?\d+\.\d+(?:e[-+]?\d+)?|nan|inf", lines[-1])]
-
-
-def assert_close(a, b, rtol):
-    assert len(a) == len(b), (a, b)
-    for x, y in zip(a, b):
-        assert abs(x - y) <= rtol * max(abs(x), abs(y), 1e-300), (a, b)
 
 
 @pytest.fixture(scope="session")
 def warm_theano():
     """Compile the MLP example once so later multi-rank runs hit a warm cache."""
     check(run([sys.executable, EXAMPLES / "theano_mlp" / "train.py", "--epochs", "1"]))
+
+
+#: Test files by how long they take, longest first.  `make test` runs files on
+#: two workers (pytest-xdist, ``--dist loadfile``) in collection order, so the
+#: longest start first and the workers finish together; files not named here
+#: follow in their usual order.
+LONGEST_FIRST = ["test_keras.py", "test_keras_example.py", "test_lasagne.py",
+                 "test_examples_lasagne.py", "test_bsp.py", "test_exchanger_fused.py",
+                 "test_reliability_checkpoint.py", "test_transparency_graphs.py",
+                 "test_theanompi.py", "test_transparency_models.py", "test_keras_resume.py",
+                 "test_cli.py", "test_frontdoor.py", "test_reliability.py"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: position for position, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

@@ -364,3 +364,20 @@ def test_resume_latest_takes_the_highest_step_and_needs_the_same_arguments(tmp_p
     assert "resumed at step 5" in longer.stdout
     assert probe(longer.stdout)["W"] == pytest.approx(probe(check(run(
         [sys.executable, PROBE, "-n", "6"], env=pure_env())).stdout)["W"], rel=1e-12)
+
+
+def test_compiled_ops_without_props_are_cached_across_processes():
+    # Theano 1.0.5 reads an empty __props__ as "no cache version", so the C
+    # module of softmax_with_bias (and Alloc, Shape, ...) was compiled again in
+    # every process; the start-up hook's shim keys it by its real version.
+    purelib = sysconfig.get_paths()["purelib"]
+    if not os.path.exists(os.path.join(purelib, "tmpi_adapters_shims.pth")):
+        pytest.skip("the start-up hook is not installed here (make install writes it)")
+    import theano.tensor as T
+    from theano.gof import FunctionGraph
+    from theano.gof.cc import CLinker
+    x, b = T.dmatrix("x"), T.dvector("b")
+    graph = FunctionGraph([x, b], [T.nnet.softmax_with_bias(x, b)], clone=False)
+    version, _ = CLinker().accept(graph).cmodule_key()
+    assert version and all(version), version
+    assert ("props",) in version

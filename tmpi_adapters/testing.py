@@ -18,7 +18,7 @@ In the pytest module
     :func:`held_back` checks that no rank waits for another,
     :func:`rejected_rule_option` and :func:`refused_on_ranks` check that a
     bad knob is a clear error, :func:`listed_plugin` reads ``tmpi plugins``;
-    :func:`tmpi`, :func:`run_ranks` and :func:`run` run anything else, and
+    :func:`tmpi`, :func:`run_ranks`, :func:`run` and :func:`run_in` run anything else, and
     :func:`succeeded`, :func:`final_numbers` and :func:`assert_close` read
     what it printed.
 In the driver (every rank)
@@ -78,6 +78,10 @@ def environment(floatx="float64", pure_python=True, **extra):
     flags = [f for f in env.get("THEANO_FLAGS", "").split(",") if f and "floatX" not in f]
     flags += ["floatX=" + floatx, "blas.ldflags="] + (PURE_PYTHON_FLAGS if pure_python else [])
     env["THEANO_FLAGS"] = ",".join(flags)
+    # One string hash for every process of the suite: Theano's compile cache
+    # keys hash strings, so with a hash per process every process misses
+    # the key, takes the machine-wide compile lock to add it, and queues.
+    env["PYTHONHASHSEED"] = "0"
     env.update({key: str(value) for key, value in extra.items()})
     return env
 
@@ -91,6 +95,12 @@ def run(*command, floatx="float64", env=None, pure_python=True, timeout=TIMEOUT,
     """
     environ = environment(floatx, pure_python)
     environ.update({key: str(value) for key, value in (env or {}).items()})
+    return run_in(environ, *command, timeout=timeout, cwd=cwd)
+
+
+def run_in(environ, *command, timeout=TIMEOUT, cwd=None):
+    """Run ``command`` (strings or paths) in exactly the environment
+    ``environ``; what :func:`run` returns."""
     return subprocess.run([str(c) for c in command], env=environ, cwd=cwd,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           timeout=timeout)

@@ -35,6 +35,9 @@ DEFAULT_THEANO_FLAGS = {
     # numpy 1.23 no longer provides; the NumPy C-API fallback is within ~10% of
     # OpenBLAS on the models we run.
     "blas.ldflags": "",
+    # The ranks of a job compile the same C modules at once, queueing on
+    # Theano's compile lock; its default retry sleeps 5-10 s, this one 1-2 s.
+    "compile.wait": "1",
 }
 
 
@@ -233,6 +236,41 @@ def _keras_backend():
     os.environ.setdefault("KERAS_BACKEND", "theano")
 
 
+def _version_ops_without_props(cc):
+    # Theano 1.0.5 puts each op's __props__ among the versions of a C
+    # module's key and takes any empty entry for "unversioned": every op
+    # whose __props__ is () (Alloc, Shape, DeepCopyOp, the softmax and
+    # cross-entropy ops, MRG's DotModulo, ...) is compiled again by every
+    # process, each holding the machine-wide compile lock that the other
+    # ranks then wait on for 5-10 s.  Such an op's instances are all equal,
+    # so its C code is fixed by its class, its c_code_cache_version and its
+    # node's types, all of which stay in the key; only the empty props are
+    # read as present.
+    linker = cc.CLinker
+    if getattr(linker.cmodule_key_, "_tmpi_shim", False):
+        return
+    original = linker.cmodule_key_
+
+    def cmodule_key_(self, fgraph, no_recycling, *args, **kwargs):
+        key = original(self, fgraph, no_recycling, *args, **kwargs)
+        if key is None or key[0] != ():
+            return key
+        version = []
+        for node in self.schedule(fgraph):
+            if hasattr(node.op, "c_code_cache_version_apply"):
+                version.append(node.op.c_code_cache_version_apply(node))
+            version.extend(v.type.c_code_cache_version()
+                           for v in list(node.inputs) + list(node.outputs))
+            if not all(version):
+                return key  # a really unversioned op or type
+            if hasattr(node.op, "__props__"):
+                version.append(("props",) + tuple(node.op.__props__))
+        return tuple(version), key[1]
+
+    cmodule_key_._tmpi_shim = True
+    linker.cmodule_key_ = cmodule_key_
+
+
 def _for_old_libraries():
     _restore_collections_aliases()
     _restore_getargspec()
@@ -241,6 +279,7 @@ def _for_old_libraries():
 def _for_theano():
     _disable_scan_cython()
     _set_theano_flags()
+    when_imported("theano.gof.cc", _version_ops_without_props)
 
 
 def apply():

@@ -25,6 +25,7 @@ def test_rows_of_cover_the_batch_in_rank_order():
 
 
 def test_run_drops_tmpi_options_and_runs_theano_in_pure_python(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     monkeypatch.setenv("TMPI_OPTIONS", "{}")
     monkeypatch.setenv("THEANO_FLAGS", "floatX=float16,mode=FAST_RUN")
     code = ("import os; print(os.environ.get('TMPI_OPTIONS'), os.environ['EXTRA'], "
@@ -55,11 +56,26 @@ def test_assert_close_is_relative_to_the_larger():
 
 
 def test_environment_drops_tmpi_options_and_may_compile(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     monkeypatch.setenv("TMPI_OPTIONS", "{}")
     monkeypatch.setenv("THEANO_FLAGS", "floatX=float32,device=cpu")
     env = testing.environment(pure_python=False, EXTRA=1)
     assert "TMPI_OPTIONS" not in env and env["EXTRA"] == "1"
     assert env["THEANO_FLAGS"].split(",") == ["device=cpu", "floatX=float64", "blas.ldflags="]
+
+
+def test_each_pytest_xdist_worker_has_a_compile_cache_of_its_own(monkeypatch):
+    monkeypatch.setenv("THEANO_FLAGS", "device=cpu")
+    flags = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        env = testing.environment(pure_python=False)
+        flags[worker] = dict(f.split("=", 1) for f in env["THEANO_FLAGS"].split(","))
+        assert flags[worker]["compiledir_format"].endswith("-" + worker)
+    assert flags["gw0"]["compiledir_format"] != flags["gw1"]["compiledir_format"]
+    # A cache the caller names is kept.
+    monkeypatch.setenv("THEANO_FLAGS", "compiledir_format=mine")
+    assert testing.environment()["THEANO_FLAGS"].count("compiledir_format") == 1
 
 
 class _Metafunc:

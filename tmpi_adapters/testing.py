@@ -58,6 +58,9 @@ TIMEOUT = 600
 #: The plain Theano MLP example of the tmpi repository (absent where
 #: tmpi_adapters is installed without the repository).
 MLP_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "theano_mlp" / "train.py"
+#: Theano's default name of its compile cache directory.
+COMPILEDIR_FORMAT = ("compiledir_%(short_platform)s-%(processor)s-%(python_version)s-"
+                     "%(python_bitwidth)s")
 #: Flags that make Theano run in pure Python (see the module's docstring).
 PURE_PYTHON_FLAGS = ["cxx=", "optimizer_excluding=fusion"]
 
@@ -82,6 +85,11 @@ def environment(floatx="float64", pure_python=True, **extra):
     # keys hash strings, so with a hash per process every process misses
     # the key, takes the machine-wide compile lock to add it, and queues.
     env["PYTHONHASHSEED"] = "0"
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and "compiledir_format" not in env["THEANO_FLAGS"]:
+        # A compile cache per pytest-xdist worker: each cache's lock lets one
+        # compilation through at a time, so one cache left a worker waiting.
+        env["THEANO_FLAGS"] += ",compiledir_format=" + COMPILEDIR_FORMAT + "-" + worker
     env.update({key: str(value) for key, value in extra.items()})
     return env
 

@@ -381,3 +381,14 @@ def test_compiled_ops_without_props_are_cached_across_processes():
     version, _ = CLinker().accept(graph).cmodule_key()
     assert version and all(version), version
     assert ("props",) in version
+
+
+def test_ranks_retry_the_compile_lock_every_second_unless_the_user_says_otherwise(tmp_path):
+    from tmpi_adapters.launch import compat
+    assert "compile.wait=1" in compat.theano_flags(env={"THEANO_FLAGS": "floatX=float32"})
+    mine = compat.theano_flags(env={"THEANO_FLAGS": "compile.wait=3"}).split(",")
+    assert "compile.wait=3" in mine and "compile.wait=1" not in mine
+    script = tmp_path / "wait.py"
+    script.write_text("import theano\nprint('wait', theano.config.compile.wait)\n")
+    result = check(tmpi("wrap", "-n", "2", "--all-ranks-output", script, env=pure_env()))
+    assert result.stdout.count("wait 1") == 2, result.stdout

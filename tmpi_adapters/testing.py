@@ -73,8 +73,10 @@ def environment(floatx="float64", pure_python=True, **extra):
     The caller's ``THEANO_FLAGS`` are kept but for ``floatX``, which becomes
     ``floatx``; BLAS is not linked (``blas.ldflags=``) and, with
     ``pure_python``, Theano compiles no C.  ``TMPI_OPTIONS`` is dropped, so
-    the command sees only the options it is given.  ``extra`` adds
-    variables (values made text).
+    the command sees only the options it is given.  Every command gets the
+    same ``PYTHONHASHSEED`` and, under pytest-xdist, its worker's own Theano
+    compile cache (see the comments below).  ``extra`` adds variables
+    (values made text).
     """
     env = dict(os.environ)
     env.pop("TMPI_OPTIONS", None)

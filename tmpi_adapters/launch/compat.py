@@ -257,12 +257,12 @@ def _version_ops_without_props(cc):
             return key
         version = []
         for node in self.schedule(fgraph):
+            found = [v.type.c_code_cache_version() for v in node.inputs + node.outputs]
             if hasattr(node.op, "c_code_cache_version_apply"):
-                version.append(node.op.c_code_cache_version_apply(node))
-            version.extend(v.type.c_code_cache_version()
-                           for v in list(node.inputs) + list(node.outputs))
-            if not all(version):
+                found.insert(0, node.op.c_code_cache_version_apply(node))
+            if not all(found):
                 return key  # a really unversioned op or type
+            version += found
             if hasattr(node.op, "__props__"):
                 version.append(("props",) + tuple(node.op.__props__))
         return tuple(version), key[1]

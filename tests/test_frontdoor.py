@@ -383,6 +383,29 @@ def test_compiled_ops_without_props_are_cached_across_processes():
     assert ("props",) in version
 
 
+def test_ranks_compile_at_once_and_hash_strings_alike(tmp_path):
+    """Every rank compiles while the others do (then they meet), and the
+    ranks tmpi starts share one hash seed unless the user set one."""
+    script = SCRIPTS / "compile_together.py"
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    env = pure_env()
+    env.pop("PYTHONHASHSEED", None)
+    result = check(tmpi("wrap", "-n", "2", "--all-ranks-output", script, first, env=env))
+    assert "together True" in result.stdout, result.stdout
+    hashes = re.findall(r"hash (-?\d+)", result.stdout)
+    expected = check(run([sys.executable, "-c", "print(hash('tmpi'))"],
+                         env=dict(env, PYTHONHASHSEED="0"))).stdout.strip()
+    assert hashes == [expected] * 2, (hashes, expected)
+    env["PYTHONHASHSEED"] = "5"
+    mine = check(run([sys.executable, "-c", "print(hash('tmpi'))"], env=env)).stdout.strip()
+    assert mine != expected
+    result = check(tmpi("wrap", "-n", "2", "--all-ranks-output", script, second, "--wait",
+                        "0", env=env))
+    assert re.findall(r"hash (-?\d+)", result.stdout) == [mine] * 2, result.stdout
+
+
 def test_ranks_retry_the_compile_lock_every_second_unless_the_user_says_otherwise(tmp_path):
     from tmpi_adapters.launch import compat
     assert "compile.wait=1" in compat.theano_flags(env={"THEANO_FLAGS": "floatX=float32"})

@@ -110,8 +110,8 @@ class Options:
                                   check=lambda v: check_timeout(v, "--start-timeout",
                                                                 allow_none=False))
     all_ranks_output: bool = option(False, "show every rank's output, prefixed [rank N]")
-    compile_dirs: str = option("shared", "Theano compile cache: shared, filled by rank 0 "
-                                         "first (default), or one per rank",
+    compile_dirs: str = option("shared", "Theano compile cache: shared by the ranks, which "
+                                         "compile at once (default), or one per rank",
                                choices=COMPILE_DIRS)
     summary: bool = option(True, "print the per-step time split at the end",
                            negate="--no-summary")

@@ -138,21 +138,26 @@ class TheanoAdapter(FrameworkAdapter):
 
     # -- theano.function ----------------------------------------------------------
     def compile(self, *args, **kwargs):
-        """Compile with the original ``theano.function``, rank 0 first so ranks
-        find its results in the shared compile cache instead of waiting on its
-        lock."""
+        """Compile with the original ``theano.function`` on every rank at once,
+        then meet.
+
+        Most of a compilation is Theano's graph optimisation, pure Python that
+        each rank does on its own core; only writing a C module to the shared
+        cache takes its lock (retried every 1-2 s, ``compile.wait=1``), and the
+        ranks' cache keys agree because they share one ``PYTHONHASHSEED``
+        (:func:`~tmpi_adapters.launch.launcher.rank_environment`).  Compiling
+        on one rank after the other would take the sum of the ranks' times.
+        """
         session = self.session
-        if session.size == 1 or session.options.compile_dirs != "shared":
+        if session.size == 1:
             return self._original_function(*args, **kwargs)
-        # A cold compile of a conv net takes minutes: the deadline allows for it.
+        # The meeting's deadline allows for a cold compile of a conv net
+        # (minutes), which the stall timeout of the first step would not.
         timeout = max(session.options.stall_timeout or 0, 1800.0)
         name = kwargs.get("name") or "a function"
-        if session.rank == 0:
-            result = self._original_function(*args, **kwargs)
-            session.meet(Envelope("compile", name), timeout=timeout)
-            return result
+        result = self._original_function(*args, **kwargs)
         session.meet(Envelope("compile", name), timeout=timeout)
-        return self._original_function(*args, **kwargs)
+        return result
 
     def function(self, *args, **kwargs):
         """``theano.function``; training functions come back distributed."""

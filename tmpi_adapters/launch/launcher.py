@@ -110,10 +110,20 @@ def check_script(script):
                         % (script, where, detail, script))
 
 
+#: ``PYTHONHASHSEED`` of the ranks tmpi starts, unless the user set one.
+#: Every rank hashes strings alike, job after job: sets and dicts of names
+#: iterate in the same order on every rank, and Theano's compile-cache keys
+#: (which hash strings) are found by every rank and every later job instead
+#: of being added again by each process under the cache's lock.
+RANK_HASH_SEED = "0"
+
+
 def rank_environment(options, threads_per_rank=None, n=1, env=None):
     """The environment of the ranks: the options, the BLAS threads
     (``threads_per_rank`` wins over the environment's settings, the default
-    of :func:`default_threads` does not), unbuffered output."""
+    of :func:`default_threads` does not), unbuffered output and, for more
+    than one rank, one hash seed (:data:`RANK_HASH_SEED`; the user's own
+    ``PYTHONHASHSEED`` wins)."""
     env = dict(os.environ if env is None else env)
     env[OPTIONS_ENV] = options.to_env()
     threads = threads_per_rank or default_threads(n)
@@ -124,6 +134,8 @@ def rank_environment(options, threads_per_rank=None, n=1, env=None):
             env.setdefault(name, str(threads))
     # Ranks print as they go, not when their buffers fill.
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if n > 1:
+        env.setdefault("PYTHONHASHSEED", RANK_HASH_SEED)
     return env
 
 

@@ -17,6 +17,7 @@ from conftest import SCRIPTS, assert_close, check, final_numbers, rank_env, tmpi
 THEANO = SCRIPTS / "transparency_theano.py"
 FIXED = SCRIPTS / "transparency_fixed.py"
 BLOCKS = SCRIPTS / "transparency_blocks.py"
+PENALTIES = SCRIPTS / "penalty_terms.py"
 HAVE_BLOCKS = all(importlib.util.find_spec(m) is not None for m in ("blocks", "fuel"))
 needs_blocks = pytest.mark.skipif(not HAVE_BLOCKS, reason=(
     "Blocks is not installable from PyPI; install it from its repository to run these tests"))
@@ -90,6 +91,18 @@ def test_batch_size_that_cannot_be_told_apart_is_a_clear_error():
     assert result.returncode != 0
     assert "writes the batch size 4 in a Reshape to (2, 4, 4, 4)" in result.stderr
     assert "--scaling weak" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_weight_penalties_count_once_whatever_the_ranks(reduction):
+    """L2 and L1 penalties stay out of the exchange and are added once: a
+    loss that sums over the batch gets the one-process step and cost (an
+    exchanged penalty was counted once per rank)."""
+    one, three = (check(tmpi("wrap", "-n", str(n), "--framework", "theano", "--loss-reduction",
+                             reduction, PENALTIES, "--reduction", reduction, env=python_env()))
+                  for n in (1, 3))
+    assert_same_numbers(three, one, ("cost", "params"))
 
 
 @needs_blocks
@@ -233,3 +246,32 @@ def test_combined_values_are_those_of_the_whole_batch():
     for got, want in zip(combined, whole):
         assert np.asarray(got).dtype == np.asarray(want).dtype
         assert np.allclose(got, want)
+
+
+def test_gradient_terms_every_rank_computes_alike_are_told_from_the_batchs():
+    import theano
+    import theano.tensor as T
+    from theano.sandbox.rng_mrg import MRG_RandomStreams
+
+    from tmpi_adapters.core.terms import Differs, alike_terms, split_terms
+    x, y = T.dmatrix("x"), T.dvector("y")
+    W = theano.shared(np.ones((3, 2)), name="W")
+    decay = theano.shared(0.01, name="decay")
+    noisy = W + MRG_RandomStreams(1).normal(W.shape, dtype="float64")
+    cost = T.sqr(T.dot(x, W).sum(axis=1) - y).mean() + decay * T.sqr(W).sum()
+    differs = Differs([x, y], alike=[W])
+    varying, alike = split_terms(T.grad(cost, W), differs)
+    assert len(varying) == 1 and not differs(alike[0])
+    assert varying[0].owner.op.__class__.__name__ == "Dot"
+    exchanged, added = alike_terms(T.grad(cost, W), differs)
+    values = theano.function([x, y], [exchanged, added, T.grad(cost, W)])(
+        np.arange(6.0).reshape(2, 3), np.ones(2))
+    np.testing.assert_allclose(values[0] + values[1], values[2], rtol=1e-12)
+    # A random draw differs between ranks, like the batch; a penalty alone is all alike.
+    assert alike_terms(T.grad(cost + T.sqr(noisy).sum(), W), differs) is not None
+    assert split_terms(T.grad(T.sqr(noisy).sum(), W), differs)[1] == []
+    assert alike_terms(T.grad(decay * T.sqr(W).sum(), W), differs) is None
+    assert not differs(decay * W) and differs(T.dot(x, W)) and differs(noisy)
+    # A shared array that is not the model's might hold this rank's own data.
+    rows = theano.shared(np.ones((4, 3)), name="rows")
+    assert differs(T.dot(rows, W)) and not Differs([], alike=[W, rows])(T.dot(rows, W))

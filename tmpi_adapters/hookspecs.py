@@ -211,7 +211,10 @@ def tmpi_after_exchange(session, model, gradients, reduced, weight):
     session : tmpi_adapters.core.session.Session
     model : tmpi_adapters.core.protocol.ModelProtocol
     gradients : list of numpy.ndarray
-        This rank's own gradients, as the graph computed them.
+        This rank's own gradients, as the graph computed them; under a rule
+        that reduces linearly, without the terms every rank computes alike
+        (a weight penalty's), which are added after the exchange
+        (:mod:`tmpi_adapters.core.terms`).
     reduced : list of numpy.ndarray
         What the rule made of them (the same on every rank under BSP).
     weight : float

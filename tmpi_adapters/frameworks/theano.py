@@ -311,7 +311,7 @@ class TheanoAdapter(FrameworkAdapter):
         if session.rule.exchanges == "gradients" and (session.size > 1 or
                                                       session.watches_exchanges()):
             step = _StepExchange(self, key, markers, outputs, kinds, update_pairs, model,
-                                 marker_outputs)
+                                 marker_outputs, data)
             replace = dict(step.replace)
         else:
             replace = {node.outputs[0]: node.inputs[0] for node in markers}
@@ -403,26 +403,44 @@ class _StepExchange:
     increments of accumulators (summed).  Only values computed without the
     gradients ride: those computed from the exchanged gradients are already
     the same on every rank.
+
+    Terms of a gradient that every rank computes alike (a weight penalty's)
+    do not travel when the rule reduces linearly: they are added to the
+    exchanged sum of the others (:mod:`tmpi_adapters.core.terms`).
     """
 
     def __init__(self, adapter, key, markers, outputs, kinds, update_pairs, model,
-                 marker_outputs):
+                 marker_outputs, data=()):
         from tmpi_adapters.core.ops import FusedAllreduce
+        from tmpi_adapters.core.terms import alike_terms
         session = adapter.session
         gradient_op = "sum" if session.options.loss_reduction == "sum" else "mean"
         arrays = [node.inputs[0] for node in markers]
+        differs = self.differs(session, data, model)
+        options = session.options
+        # Weak scaling's learning-rate factor multiplies the exchanged gradients alone.
+        scaled = options.scaling == "weak" and options.lr_scaling
+        added = [None if differs is None or scaled else alike_terms(g, differs)
+                 for g in arrays]
+        arrays = [a if pair is None else pair[0] for a, pair in zip(arrays, added)]
         ops = [gradient_op] * len(arrays)
-        self.carried = {}   # output index -> position in the exchange
+        self.carried = {}   # output index -> position in the exchange (or in self.outputs)
         self.states = {}    # id(updated variable) -> (position, accumulates)
+        summed = []         # (output index, what every rank computes alike)
         if session.size > 1:
             def rides(expr):
                 return not (set(ancestors([expr])) & marker_outputs)
             if session.options.outputs == "averaged":
                 for i, (output, kind) in enumerate(zip(outputs, kinds)):
                     if kind in ("mean", "sum") and output.ndim == 0 and rides(output):
+                        # A sum's penalty is counted once, not once per rank.
+                        pair = alike_terms(output, differs) \
+                            if kind == "sum" and differs is not None else None
                         self.carried[i] = len(arrays)
-                        arrays.append(output)
+                        arrays.append(output if pair is None else pair[0])
                         ops.append(kind)
+                        if pair is not None:
+                            summed.append((i, pair[1]))
             sums = {id(v) for v in adapter.accumulators(update_pairs)}
             state = {id(v) for v in model.model_state}
             for var, expr in update_pairs:
@@ -438,8 +456,24 @@ class _StepExchange:
         fused = FusedAllreduce(key, ops, gradients=len(markers),
                                exchange=session.exchange_gradients,
                                borrowed=session.size > 1)(*arrays)
+        #: the exchange's results, then the carried sums with their alike terms added
         self.outputs = list(fused) if isinstance(fused, (list, tuple)) else [fused]
-        self.replace = {node.outputs[0]: out for node, out in zip(markers, self.outputs)}
+        for index, alike in summed:
+            self.outputs.append(self.outputs[self.carried[index]] + alike)
+            self.carried[index] = len(self.outputs) - 1
+        self.replace = {node.outputs[0]: out if pair is None else out + pair[1]
+                        for node, out, pair in zip(markers, self.outputs, added)}
+
+    @staticmethod
+    def differs(session, data, model):
+        """A :class:`~tmpi_adapters.core.terms.Differs` over the batch ``data``
+        and ``model``'s parameters and state when terms every rank computes
+        alike can stay out of the exchange (more than one rank, a rule that
+        reduces linearly), else ``None``."""
+        from tmpi_adapters.core.terms import Differs
+        if session.size == 1 or not session.rule.reduces_linearly:
+            return None
+        return Differs(data, model.params + model.optimizer_state + model.model_state)
 
     def substitute(self, cloned, exchanged, n_outputs, updated):
         """The cloned outputs and update expressions, with what the exchange

@@ -97,6 +97,13 @@ class Rule:
     #: (:meth:`reduce_gradients`); ``"parameters"``: each rank steps on its own
     #: gradients and :meth:`after_step` combines parameters between steps.
     exchanges = "parameters"
+    #: Gradient rules: :meth:`reduce_gradients` is a weighted mean (or sum)
+    #: taken element by element, so a gradient's terms that every rank
+    #: computes alike (a weight penalty's) are added after it instead of
+    #: travelling (:mod:`tmpi_adapters.core.terms`).  ``False`` (the safe
+    #: default) for a rule that transforms what it reduces (compression,
+    #: clipping by the global norm).
+    reduces_linearly = False
     #: ``{name: tmpi_adapters.Knob}``
     knobs = {}
     #: A :class:`PerModel` subclass made for every model, or ``None``.

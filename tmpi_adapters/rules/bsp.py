@@ -14,6 +14,7 @@ from tmpi_adapters.rules.base import Rule
 
 class BSP(Rule):
     name = "bsp"
+    reduces_linearly = True
     knobs = {
         "mode": Knob(str, "grad", "grad: exchange gradients each step (exact); "
                                   "avg: average parameters between steps",

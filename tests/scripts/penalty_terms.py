@@ -1,4 +1,5 @@
-"""An MLP whose cost adds L2 and L1 weight penalties to the data's loss.
+"""An MLP whose cost adds L2 and L1 weight penalties to the data's loss, and a
+parameter that only a penalty uses.
 
 ``--reduction mean`` (default): the loss is a mean over the batch;
 ``--reduction sum``: a sum, as a script run with ``--loss-reduction sum``
@@ -23,15 +24,16 @@ b1 = theano.shared(np.zeros(5), name="b1")
 W2 = theano.shared(rng.normal(scale=0.3, size=(5, 3)), name="W2")
 b2 = theano.shared(np.zeros(3), name="b2")
 scale = theano.shared(np.ones(5), name="scale")
+anchor = theano.shared(np.zeros(4), name="anchor")  # in the penalty only
 x, y = T.dmatrix("x"), T.ivector("y")
 hidden = T.tanh(T.dot(x, W1) + b1) * scale
 probs = T.nnet.softmax(T.dot(hidden, W2) + b2)
 losses = -T.log(probs)[T.arange(y.shape[0]), y]
 loss = losses.sum() if args.reduction == "sum" else losses.mean()
 penalty = 1e-2 * ((W1 ** 2).sum() + (W2 ** 2).sum() + ((scale - 1) ** 2).sum()) \
-    + 1e-3 * abs(W1).sum()
+    + 1e-3 * abs(W1).sum() + ((anchor - 1) ** 2).sum()
 cost = loss + penalty
-params = [W1, b1, W2, b2, scale]
+params = [W1, b1, W2, b2, scale, anchor]
 lr = 0.01 if args.reduction == "sum" else 0.1
 train = theano.function([x, y], cost, updates=[(p, p - lr * g)
                                                for p, g in zip(params, T.grad(cost, params))])

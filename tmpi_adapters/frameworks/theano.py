@@ -423,7 +423,10 @@ class _StepExchange:
         added = [None if differs is None or scaled else alike_terms(g, differs)
                  for g in arrays]
         arrays = [a if pair is None else pair[0] for a, pair in zip(arrays, added)]
-        ops = [gradient_op] * len(arrays)
+        # A gradient with no term from the batch is the same on every rank: its
+        # mean is itself, where a loss that sums would add it once per rank.
+        ops = [gradient_op if differs is None or scaled or differs(a) else "mean"
+               for a in arrays]
         self.carried = {}   # output index -> position in the exchange (or in self.outputs)
         self.states = {}    # id(updated variable) -> (position, accumulates)
         summed = []         # (output index, what every rank computes alike)

@@ -259,7 +259,7 @@ def test_gradient_terms_every_rank_computes_alike_are_told_from_the_batchs():
     decay = theano.shared(0.01, name="decay")
     noisy = W + MRG_RandomStreams(1).normal(W.shape, dtype="float64")
     cost = T.sqr(T.dot(x, W).sum(axis=1) - y).mean() + decay * T.sqr(W).sum()
-    differs = Differs([x, y], alike=[W])
+    differs = Differs(alike=[W])
     varying, alike = split_terms(T.grad(cost, W), differs)
     assert len(varying) == 1 and not differs(alike[0])
     assert varying[0].owner.op.__class__.__name__ == "Dot"
@@ -274,4 +274,4 @@ def test_gradient_terms_every_rank_computes_alike_are_told_from_the_batchs():
     assert not differs(decay * W) and differs(T.dot(x, W)) and differs(noisy)
     # A shared array that is not the model's might hold this rank's own data.
     rows = theano.shared(np.ones((4, 3)), name="rows")
-    assert differs(T.dot(rows, W)) and not Differs([], alike=[W, rows])(T.dot(rows, W))
+    assert differs(T.dot(rows, W)) and not Differs(alike=[W, rows])(T.dot(rows, W))

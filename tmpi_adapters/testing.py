@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tmpi_adapters.launch.launcher import RANK_HASH_SEED
+
 try:
     import pytest
 except ImportError:  # a driver's ranks run no tests
@@ -83,10 +85,11 @@ def environment(floatx="float64", pure_python=True, **extra):
     flags = [f for f in env.get("THEANO_FLAGS", "").split(",") if f and "floatX" not in f]
     flags += ["floatX=" + floatx, "blas.ldflags="] + (PURE_PYTHON_FLAGS if pure_python else [])
     env["THEANO_FLAGS"] = ",".join(flags)
-    # One string hash for every process of the suite: Theano's compile cache
-    # keys hash strings, so with a hash per process every process misses
-    # the key, takes the machine-wide compile lock to add it, and queues.
-    env["PYTHONHASHSEED"] = "0"
+    # The ranks' string hash for every process of the suite, plain python and
+    # one rank too: Theano's compile cache keys hash strings, so with a hash
+    # per process every process misses the key, takes the machine-wide
+    # compile lock to add it, and queues.
+    env["PYTHONHASHSEED"] = RANK_HASH_SEED
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker and "compiledir_format" not in env["THEANO_FLAGS"]:
         # A compile cache per pytest-xdist worker: each cache's lock lets one

@@ -21,12 +21,12 @@ terms that cannot.
 class Differs:
     """Which variables of a training graph may hold other values on other ranks.
 
-    The batch (``data``) and every input of the function differ.  Constants
+    Every input of the function differs (the batch among them).  Constants
     do not, nor do the shared variables in ``alike`` (the model's parameters
     and state, which the rule keeps identical) and scalar shared variables
     (settings such as a decay rate); any other shared variable might hold
-    this rank's own data, and one that updates itself on every call is a
-    random generator's state: they differ.  Random draws differ.  A node's
+    the batch or this rank's own data, and one that updates itself on every
+    call is a random generator's state: they differ.  Random draws differ.  A node's
     outputs differ when an input does, except where only an input's shape
     matters: ``fill(cost, 1)``, the seed of every ``theano.grad``, is the
     same on every rank whatever the cost's value.
@@ -34,8 +34,7 @@ class Differs:
     Calling it with a variable answers; answers are kept.
     """
 
-    def __init__(self, data, alike=()):
-        self.data = set(data)
+    def __init__(self, alike=()):
         self.alike = set(alike)
         self.known = {}
 
@@ -65,8 +64,6 @@ class Differs:
     def _root(self, variable):
         from theano.compile.sharedvalue import SharedVariable
         from theano.gof import Constant
-        if variable in self.data:
-            return True
         if isinstance(variable, Constant):
             return False
         if isinstance(variable, SharedVariable):

@@ -311,7 +311,7 @@ class TheanoAdapter(FrameworkAdapter):
         if session.rule.exchanges == "gradients" and (session.size > 1 or
                                                       session.watches_exchanges()):
             step = _StepExchange(self, key, markers, outputs, kinds, update_pairs, model,
-                                 marker_outputs, data)
+                                 marker_outputs)
             replace = dict(step.replace)
         else:
             replace = {node.outputs[0]: node.inputs[0] for node in markers}
@@ -410,13 +410,13 @@ class _StepExchange:
     """
 
     def __init__(self, adapter, key, markers, outputs, kinds, update_pairs, model,
-                 marker_outputs, data=()):
+                 marker_outputs):
         from tmpi_adapters.core.ops import FusedAllreduce
         from tmpi_adapters.core.terms import alike_terms
         session = adapter.session
         gradient_op = "sum" if session.options.loss_reduction == "sum" else "mean"
         arrays = [node.inputs[0] for node in markers]
-        differs = self.differs(session, data, model)
+        differs = self.differs(session, model)
         options = session.options
         # Weak scaling's learning-rate factor multiplies the exchanged gradients alone.
         scaled = options.scaling == "weak" and options.lr_scaling
@@ -468,15 +468,15 @@ class _StepExchange:
                         for node, out, pair in zip(markers, self.outputs, added)}
 
     @staticmethod
-    def differs(session, data, model):
-        """A :class:`~tmpi_adapters.core.terms.Differs` over the batch ``data``
-        and ``model``'s parameters and state when terms every rank computes
-        alike can stay out of the exchange (more than one rank, a rule that
-        reduces linearly), else ``None``."""
+    def differs(session, model):
+        """A :class:`~tmpi_adapters.core.terms.Differs` that knows ``model``'s
+        parameters and state when terms every rank computes alike can stay out
+        of the exchange (more than one rank, a rule that reduces linearly),
+        else ``None``."""
         from tmpi_adapters.core.terms import Differs
         if session.size == 1 or not session.rule.reduces_linearly:
             return None
-        return Differs(data, model.params + model.optimizer_state + model.model_state)
+        return Differs(model.params + model.optimizer_state + model.model_state)
 
     def substitute(self, cloned, exchanged, n_outputs, updated):
         """The cloned outputs and update expressions, with what the exchange

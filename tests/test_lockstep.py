@@ -51,6 +51,24 @@ def test_divergence_ends_the_job_naming_each_rank(mode, ranks_said):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("mode, ranks_said", [
+    ("swapped", ["rank 0: the identical start of A#0", "rank 1: the identical start of B#1"]),
+    ("caught", ["rank 0: A#0 call 5 (32 rows)", "rank 1: A#0 call 6 (32 rows)"]),
+    ("rows", ["rank 0: A#0 call 1 (32 rows)", "rank 1: A#0 call 1 (16 rows)"]),
+])
+def test_overlapped_parts_are_checked_as_the_fused_exchange(mode, ranks_said):
+    # --overlap leaves each part's collective running while the step goes
+    # on; its envelope is checked when it ends, as the fused exchange's.
+    result, seconds = wrap(mode, "--overlap")
+    assert result.returncode == 7, result.stdout + result.stderr
+    for text in ranks_said:
+        assert text in result.stderr, result.stderr
+    assert result.stderr.count("ranks left lockstep") == 1, result.stderr
+    assert "Traceback" not in result.stderr and seconds < BOUND_S
+    assert no_rank_left()
+
+
+@pytest.mark.mpi
 def test_ranks_in_step_pass():
     result, _ = wrap("same")
     assert result.returncode == 0, result.stderr

@@ -9,10 +9,16 @@ from test_reliability import START_TIMEOUT, own_lines
 NAN_SCRIPT = SCRIPTS / "reliability_nonfinite.py"
 
 
+#: W and b in parts of their own: the check sees both once the step's last part is in.
+OVERLAP = ["--overlap", "--bucket-bytes", "8"]
+
+
 @pytest.mark.mpi
-def test_nonfinite_gradient_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_path):
+@pytest.mark.parametrize("overlap", [[], OVERLAP], ids=["fused", "overlap"])
+def test_nonfinite_gradient_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_path,
+                                                                             overlap):
     result = tmpi("wrap", "-n", "2", "--nonfinite", "stop", "--checkpoint-dir", tmp_path,
-                  "--checkpoint-every", "2", NAN_SCRIPT, timeout=START_TIMEOUT)
+                  "--checkpoint-every", "2", *overlap, NAN_SCRIPT, timeout=START_TIMEOUT)
     stderr = own_lines(result.stderr)
     assert result.returncode == 5, stderr
     assert "non-finite gradient in step 6 of train#0" in stderr
@@ -28,8 +34,9 @@ def test_nonfinite_gradient_stops_the_job_and_keeps_the_last_good_checkpoint(tmp
 
 
 @pytest.mark.mpi
-def test_skip_undoes_the_step_as_if_its_batch_was_not_there():
-    result = check(tmpi("wrap", "-n", "2", "--nonfinite", "skip", NAN_SCRIPT,
+@pytest.mark.parametrize("overlap", [[], OVERLAP], ids=["fused", "overlap"])
+def test_skip_undoes_the_step_as_if_its_batch_was_not_there(overlap):
+    result = check(tmpi("wrap", "-n", "2", "--nonfinite", "skip", *overlap, NAN_SCRIPT,
                         timeout=START_TIMEOUT))
     assert "tmpi: skipped step 6 of train#0: non-finite gradient" in result.stderr
     # numpy's SGD over the nine finite batches, computed by the script itself.

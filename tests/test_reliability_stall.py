@@ -8,12 +8,14 @@ STALL = SCRIPTS / "reliability_stall.py"
 
 
 @pytest.mark.mpi
-def test_rank0_validating_alone_is_reported_and_the_job_goes_on():
+@pytest.mark.parametrize("overlap", [[], ["--overlap"]], ids=["fused", "overlap"])
+def test_rank0_validating_alone_is_reported_and_the_job_goes_on(overlap):
     # Rank 0 spends 8 s in a loop of its own while rank 1 waits in the next
     # step's gradient exchange; with --stall-timeout 2 that is reported, and
     # when rank 0 comes back the job finishes normally (--on-stall report).
-    result = tmpi("wrap", "-n", "2", "--stall-timeout", "2", STALL, "rank0-validates", "8",
-                  timeout=START_TIMEOUT)
+    # With --overlap rank 1 waits for a part it started.
+    result = tmpi("wrap", "-n", "2", "--stall-timeout", "2", *overlap, STALL,
+                  "rank0-validates", "8", timeout=START_TIMEOUT)
     stderr = own_lines(result.stderr)
     assert result.returncode == 0, stderr
     assert "final W" in result.stdout

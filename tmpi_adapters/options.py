@@ -89,6 +89,10 @@ class Options:
     bucket_bytes: int = option(None, "largest fused buffer per collective (default: one per "
                                      "dtype)", type=_bytes_or_none,
                                check=_positive_or_none("--bucket-bytes"))
+    overlap: bool = option(False, "exchange gradients in parts of --bucket-bytes (default "
+                                  "4 MiB), each started as soon as backpropagation has "
+                                  "computed it, overlapping the rest of the step (for "
+                                  "networks; bsp)")
     scaling: str = option("strong", "strong: split each batch across ranks (exact, default); "
                                     "weak: each rank trains on whole batches", choices=SCALINGS)
     lr_scaling: bool = option(False, "weak scaling: scale the gradient (SGD's learning rate) "

@@ -13,15 +13,12 @@ for the cores; it runs SCHED_FIFO when allowed, so that polling ranks cannot
 hold frames back).  It exits when its parent dies, on SIGTERM, or when its
 standard input closes; its TAP devices vanish with it.
 """
-import hashlib
 import json
 import os
 import subprocess
-import sysconfig
-import tempfile
 
+from tmpi_adapters import native
 from tmpi_adapters.errors import TmpiError
-from tmpi_adapters.exchangers.codecs import _cache_dir
 
 SOURCE = r'''
 /* tmpi delay line: NS0 TAP0 NS1 TAP1 DELAY_NS SPIN_NS MARGIN_NS */
@@ -173,22 +170,11 @@ def unavailable():
 
 def executable():
     """The compiled delay line (built once, cached by its source's hash)."""
-    key = hashlib.sha1(SOURCE.encode()).hexdigest()[:16]
-    path = os.path.join(_cache_dir(), "delayline-%s" % key)
-    if os.access(path, os.X_OK):
-        return path
-    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as tmp:
-        source, target = os.path.join(tmp, "delayline.c"), os.path.join(tmp, "delayline")
-        with open(source, "w") as handle:
-            handle.write(SOURCE)
-        built = subprocess.run([compiler, "-O2", "-o", target, source],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if built.returncode != 0:
-            raise TmpiError("could not build the delay line with %s: %s"
-                            % (compiler, built.stderr.strip()[-500:]))
-        os.replace(target, path)  # atomically: two runs may build it at once
-    return path
+    try:
+        return native.build(SOURCE, "delayline", library=False)
+    except subprocess.CalledProcessError as exc:
+        raise TmpiError("could not build the delay line with %s: %s"
+                        % (native.compiler(), exc.stderr.strip()[-500:]))
 
 
 def start(namespaces, ifname, delay_s):

@@ -4,6 +4,9 @@
 variable in a :class:`GradientMarker` (an identity).  When the function that
 uses them is compiled, all markers of that function are replaced by **one**
 :class:`FusedAllreduce` node, so a training step performs one fused exchange.
+With ``--overlap`` they are replaced by parts instead, each started by a
+:class:`StartExchange` as soon as its gradients exist, and one
+:class:`FinishExchange` before the updates.
 
 Copies
 ------
@@ -118,10 +121,7 @@ class FusedAllreduce(Op):
 
     def perform(self, node, inputs, output_storage):
         if self._exchange is None:
-            raise TmpiError(
-                "training function %s was loaded from a pickle outside the tmpi session that "
-                "compiled it; compile it again under tmpi (its gradients need the session's "
-                "exchange)." % self.key)
+            raise _unbound(self.key)
         results = self._exchange(list(inputs), key=self.key, ops=self.ops,
                                  gradients=self.gradients)
         escaping = leaving_outputs(node)
@@ -137,6 +137,105 @@ class FusedAllreduce(Op):
 
     def __reduce__(self):
         return (FusedAllreduce, (self.key, self.ops, self.gradients))
+
+
+def _generic():
+    from theano.gof.type import generic
+    return generic()
+
+
+class StartExchange(Op):
+    """Starts part ``part`` of a step's exchange split into ``parts`` (``--overlap``).
+
+    Its inputs are the previous part's token (from the second part on),
+    then the part's arrays: gradients first (``gradients`` of them, at
+    ``positions`` among the step's gradients), riders after.  It packs them,
+    starts their collective and moves the parts already started on; its
+    output, the *token*, is every part's pending exchange so far.  Chaining
+    the parts through their tokens fixes the order in which Theano runs the
+    starts: each as soon as backpropagation has computed its gradients.
+
+    ``start`` is the session's
+    :meth:`~tmpi_adapters.core.session.Session.start_exchange`.
+    """
+
+    __props__ = ("key", "ops", "gradients", "part", "parts", "positions")
+
+    def __init__(self, key, ops, gradients, part, parts, positions, start=None):
+        self.key, self.ops, self.gradients = key, tuple(ops), gradients
+        self.part, self.parts, self.positions = part, parts, tuple(positions)
+        self._start = start
+
+    def do_constant_folding(self, node):
+        return False
+
+    def make_node(self, *inputs):
+        token = list(inputs[:1]) if self.part else []
+        arrays = [theano.tensor.as_tensor_variable(v) for v in inputs[len(token):]]
+        return Apply(self, token + arrays, [_generic()])
+
+    def perform(self, node, inputs, output_storage):
+        if self._start is None:
+            raise _unbound(self.key)
+        before = tuple(inputs[0]) if self.part else ()
+        arrays = list(inputs[1:] if self.part else inputs)
+        handle = self._start(arrays, key=self.key, ops=self.ops, gradients=self.gradients,
+                             part=self.part, parts=self.parts, positions=self.positions,
+                             started=before)
+        output_storage[0][0] = before + (handle,)
+
+    def __reduce__(self):
+        return (StartExchange, (self.key, self.ops, self.gradients, self.part, self.parts,
+                                self.positions))
+
+
+class FinishExchange(Op):
+    """Waits for every part of a step's exchange and gives their results.
+
+    Its input is the token of the step's last start, so Theano runs it once
+    every part has started, and the updates, which use its results, after
+    it: no update runs before the whole exchange has been checked (what
+    ``tmpi_after_exchange`` and a skipped step rely on).  Outputs are the
+    parts' arrays, part after part, typed as ``types``; as the
+    :class:`FusedAllreduce`'s, they live in the exchanger's buffers:
+    indestructible, copied when they leave the function.
+
+    ``finish`` is the session's
+    :meth:`~tmpi_adapters.core.session.Session.finish_exchange`.
+    """
+
+    __props__ = ("key", "types")
+
+    def __init__(self, key, types, finish=None):
+        self.key, self.types = key, tuple(types)
+        self._finish = finish
+
+    def do_constant_folding(self, node):
+        return False
+
+    def make_node(self, token):
+        outputs = [t() for t in self.types]
+        for output in outputs:
+            output.tag.indestructible = True
+        return Apply(self, [token], outputs)
+
+    def perform(self, node, inputs, output_storage):
+        if self._finish is None:
+            raise _unbound(self.key)
+        results = self._finish(inputs[0])
+        escaping = leaving_outputs(node)
+        for i, (value, store) in enumerate(zip(results, output_storage)):
+            store[0] = np.array(value, copy=True) if i in escaping else value
+
+    def __reduce__(self):
+        return (FinishExchange, (self.key, self.types))
+
+
+def _unbound(key):
+    return TmpiError(
+        "training function %s was loaded from a pickle outside the tmpi session that "
+        "compiled it; compile it again under tmpi (its gradients need the session's "
+        "exchange)." % key)
 
 
 def leaving_outputs(node):

@@ -14,7 +14,7 @@ import numpy as np
 
 from tmpi_adapters.core.function import Call
 from tmpi_adapters.core.protocol import check_signatures, read_values, write_values
-from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.launch import compat
 from tmpi_adapters.options import Options
@@ -105,8 +105,31 @@ class Session:
                                        on_stall=self._stalled)
         rule_cls = lookup("rules", self.options.rule, self.pm)
         self.rule = rule_cls(self, **self.options.rule_options)
+        if self.options.overlap:
+            self._check_overlap()
         framework = self.options.framework or "theano"
         self.adapter = lookup("frameworks", framework, self.pm)(self)
+
+    def _check_overlap(self):
+        if not self.rule.overlaps:
+            raise ConfigError(
+                "--overlap splits the exchange of gradients into parts that start during "
+                "backpropagation; the rule %r %s, so there is nothing to overlap: drop "
+                "--overlap or use --rule bsp" % (
+                    self.options.rule,
+                    "reduces gradients its own way" if self.rule.exchanges == "gradients"
+                    else "exchanges parameters between steps, not gradients"))
+        if not self.exchanger.overlaps:
+            raise ConfigError(
+                "--overlap needs an exchanger that can leave a collective running while the "
+                "step goes on; %r reduces at once: drop --overlap or use --exchanger mpi"
+                % self.exchanger.name)
+
+    @property
+    def overlapping(self):
+        """True when training steps exchange their gradients in overlapped
+        parts (``--overlap`` on more than one rank)."""
+        return self.options.overlap and self.size > 1
 
     # -- lifecycle --------------------------------------------------------------
     def start(self):
@@ -328,6 +351,55 @@ class Session:
         self.recorder.add_exchange(time.perf_counter() - start)
         return results
 
+    def start_exchange(self, arrays, key=None, ops=None, gradients=None, part=0, parts=1,
+                       positions=(), started=()):
+        """What the in-graph :class:`~tmpi_adapters.core.ops.StartExchange`
+        calls (``--overlap``): start part ``part`` of the step's exchange of
+        training function ``key`` and move on the parts ``started`` before
+        it.  ``arrays`` are the part's gradients (the first ``gradients``,
+        the step's gradients number ``positions``) and riders.  Returns the
+        handle :meth:`finish_exchange` takes."""
+        begin = time.perf_counter()
+        with self.exchanger.borrowing():
+            pending = self.rule.start_reduce_gradients(arrays, self._weight, ops=ops,
+                                                       total=self._total, slot=(key, part))
+        for handle in started:
+            handle.pending.progress()
+        # The hook sees them once every part is in: the graph may reuse their memory.
+        seen = [np.array(a, copy=True) for a in arrays[:gradients]] \
+            if self._after_exchange else None
+        handle = _Part(key, part, parts, gradients, positions, pending, seen)
+        self.recorder.add_exchange(time.perf_counter() - begin)
+        return handle
+
+    def finish_exchange(self, handles):
+        """What the in-graph :class:`~tmpi_adapters.core.ops.FinishExchange`
+        calls: wait for every part :meth:`start_exchange` started (``handles``,
+        in order); their results, part after part (views of the exchanger's
+        buffers, valid for this step).  ``tmpi_after_exchange`` sees the
+        step's gradients as the fused exchange shows them."""
+        begin = time.perf_counter()
+        model = self._current_model(handles[0].key) if handles else None
+        scale = self.gradient_scale(model)
+        results, gradients, reduced = [], {}, {}
+        for handle in handles:
+            part = handle.pending.finish()
+            if scale != 1.0:
+                part = [r * r.dtype.type(scale) if i < handle.gradients else r
+                        for i, r in enumerate(part)]
+            results += part
+            if self._after_exchange:
+                gradients.update(zip(handle.positions, handle.arrays))
+                reduced.update(zip(handle.positions, part[:handle.gradients]))
+        if self._after_exchange:
+            order = sorted(gradients)
+            self.pm.hook.tmpi_after_exchange(session=self, model=model,
+                                             gradients=[gradients[i] for i in order],
+                                             reduced=[reduced[i] for i in order],
+                                             weight=self._weight)
+        self.recorder.add_exchange(time.perf_counter() - begin)
+        return results
+
     def watches_exchanges(self):
         """True when some plugin looks at every exchange (``tmpi_after_exchange``):
         then even one rank's training steps keep their exchange."""
@@ -338,3 +410,13 @@ class Session:
             if model.name == key:
                 return model
         return None
+
+
+class _Part:
+    """One started part of an overlapped step's exchange."""
+
+    __slots__ = ("key", "part", "parts", "gradients", "positions", "pending", "arrays")
+
+    def __init__(self, key, part, parts, gradients, positions, pending, arrays):
+        self.key, self.part, self.parts, self.gradients = key, part, parts, gradients
+        self.positions, self.pending, self.arrays = positions, pending, arrays

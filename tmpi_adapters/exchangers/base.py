@@ -274,6 +274,20 @@ class Exchanger(abc.ABC):
             The reduced arrays, each in its input's dtype and shape.
         """
 
+    #: Whether :meth:`start_allreduce` returns before the reduction has ended
+    #: (the exchange can then overlap the rest of a training step).
+    overlaps = False
+
+    def start_allreduce(self, arrays, ops, weight=None, total=None, precision=None, slot=None):
+        """Start :meth:`allreduce` (with ``ops``) and return an object whose
+        ``progress()`` moves it on without blocking (True once it has ended)
+        and whose ``finish()`` waits for and returns the results.  Reductions
+        in flight at once are given different ``slot`` values.  Exchangers
+        that cannot leave a collective running (:attr:`overlaps` false)
+        reduce at once."""
+        return Finished(self.allreduce(arrays, ops=ops, weight=weight, total=total,
+                                       precision=precision))
+
     @abc.abstractmethod
     def broadcast(self, arrays, root=0):
         """Overwrite ``arrays`` on every rank with the root's values, in place.
@@ -329,6 +343,19 @@ class Exchanger(abc.ABC):
 
     def close(self):
         """Release communicators and buffers."""
+
+
+class Finished:
+    """A :meth:`Exchanger.start_allreduce` that ended when it started."""
+
+    def __init__(self, results):
+        self.results = results
+
+    def progress(self):
+        return True
+
+    def finish(self):
+        return self.results
 
 
 def pack_plan(arrays):

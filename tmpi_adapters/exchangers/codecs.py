@@ -19,18 +19,14 @@ module ``xp`` (numpy or CuPy): the numpy fallback above, and the GPU
 exchangers' conversions on the device.
 """
 import ctypes
-import hashlib
 import os
-import platform
 import subprocess
-import sys
-import sysconfig
-import tempfile
 
 import numpy as np
 
+from tmpi_adapters import native
+
 NO_KERNELS_ENV = "TMPI_NO_KERNELS"
-CACHE_ENV = "TMPI_CACHE_DIR"
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -189,29 +185,6 @@ _loaded = False
 unavailable_reason = None
 
 
-def _cache_dir():
-    base = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "tmpi")
-    os.makedirs(base, exist_ok=True)
-    return base
-
-
-def _compile(path):
-    """Build the shared library at ``path`` (atomically: ranks may race)."""
-    compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    compiler = compiler.split()[0]
-    directory = os.path.dirname(path)
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        source = os.path.join(tmp, "kernels.c")
-        target = os.path.join(tmp, "kernels.so")
-        with open(source, "w") as handle:
-            handle.write(_SOURCE)
-        subprocess.run([compiler, "-O3", "-shared", "-fPIC", "-o", target, source],
-                       check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        os.replace(target, path)
-
-
 def _load():
     """The compiled library, or ``None`` (and :data:`unavailable_reason`)."""
     global _library, _loaded, unavailable_reason
@@ -221,12 +194,8 @@ def _load():
     if os.environ.get(NO_KERNELS_ENV, "").strip() not in ("", "0"):
         unavailable_reason = "%s is set" % NO_KERNELS_ENV
         return None
-    key = hashlib.sha1((_SOURCE + platform.machine() + sys.version).encode()).hexdigest()[:16]
     try:
-        path = os.path.join(_cache_dir(), "kernels-%s.so" % key)
-        if not os.path.exists(path):
-            _compile(path)
-        library = ctypes.CDLL(path)
+        library = ctypes.CDLL(native.build(_SOURCE, "kernels", flags=("-O3",)))
     except (OSError, subprocess.CalledProcessError) as exc:
         unavailable_reason = "no C compiler could build them (%s)" % (exc,)
         return None

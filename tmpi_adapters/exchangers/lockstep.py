@@ -84,27 +84,53 @@ class Lockstep:
             self._tokens.pop()
             self.current = outer
 
+    def begin(self, what):
+        """A collective left running while the rank goes on (a bucket of an
+        overlapped exchange): numbered now, its envelope kept, checked when
+        it ends.  Returns ``(sequence, envelope)`` for :meth:`write_slots`
+        and :meth:`check_slots`."""
+        self.sequence += 1
+        self.exchanger.stats.collectives += 1
+        return self.sequence, self.envelope or OUTSIDE
+
+    @contextlib.contextmanager
+    def waiting(self, what, sequence, envelope):
+        """Publish, for the watchdog, that this rank waits for collective ``sequence``."""
+        outer = self.current
+        self.current = {"sequence": sequence, "description": envelope.describe(),
+                        "what": what, "since": time.time(), "token": None}
+        try:
+            yield
+        finally:
+            self.current = outer
+
     # -- the slots ------------------------------------------------------------------
     @property
     def slots(self):
         """Elements of a message's header that the envelope takes."""
         return self.exchanger.size if self.enabled else 0
 
-    def _token(self, group, envelope):
-        sequence = self._tokens[-1][0] if self._tokens else self.sequence
-        token = envelope.token(sequence, token_limit(group.wire.dtype, group.fmt))
-        if self.current is not None:
+    def _sequence(self, sequence=None):
+        if sequence is not None:
+            return sequence
+        return self._tokens[-1][0] if self._tokens else self.sequence
+
+    def _token(self, group, envelope, sequence=None):
+        token = envelope.token(self._sequence(sequence),
+                               token_limit(group.wire.dtype, group.fmt))
+        if self.current is not None and sequence is None:
             self.current["token"] = token
         return token
 
-    def write_slots(self, group, envelope, weight):
+    def write_slots(self, group, envelope, weight, sequence=None):
         """Fill ``group``'s header: this rank's token in its slot, zeros in the
-        others', then the travelling ``weight`` (if any)."""
+        others', then the travelling ``weight`` (if any).  ``sequence``: that
+        of a collective from :meth:`begin` (default: the one being run)."""
         size, rank = self.slots, self.exchanger.rank
         header = group.wire[:group.header]
         header.fill(0)
         if size:
-            token = self._token(group, envelope)
+            token = self._token(group, envelope, sequence)
             if group.fmt is not None:
                 codecs.encode(np.array([token], dtype=np.float32), 1.0,
                               header[rank:rank + 1], group.fmt)
@@ -113,7 +139,7 @@ class Lockstep:
         if weight is not None:
             header[size] = weight
 
-    def check_slots(self, group, envelope, weight):
+    def check_slots(self, group, envelope, weight, sequence=None):
         """After the reduction: every rank's token must be this rank's.
         Returns the summed weight when one travelled, else ``None``."""
         size = self.slots
@@ -124,18 +150,21 @@ class Lockstep:
                 codecs.decode(header[:size], slots, group.fmt)
             else:
                 slots = header[:size]
-            mine = self.current["token"] if self.current else self._token(group, envelope)
+            if sequence is None and self.current:
+                mine = self.current["token"]
+            else:
+                mine = self._token(group, envelope, sequence)
             tokens = [int(round(float(t))) for t in slots]
             if any(t != mine for t in tokens):
-                self.mismatch(envelope, tokens, mine)
+                self.mismatch(envelope, tokens, mine, sequence)
         if weight is None:
             return None
         return float(header[size])
 
     # -- a mismatch -------------------------------------------------------------------
-    def mismatch(self, envelope, tokens, mine):
+    def mismatch(self, envelope, tokens, mine, sequence=None):
         """Raise :class:`LockstepError` naming what every rank was doing."""
-        sequence = self._tokens[-1][0] if self._tokens else self.sequence
+        sequence = self._sequence(sequence)
         mine_text = envelope.describe()
         described = self._gather_descriptions(mine_text)
         descriptions = {}

@@ -41,8 +41,9 @@ import time
 import numpy as np
 
 from tmpi_adapters.errors import ConfigError
-from tmpi_adapters.exchangers import codecs
-from tmpi_adapters.exchangers.base import (ANY_SOURCE, ANY_TAG, Exchanger, check_precision,
+from tmpi_adapters.exchangers import codecs, progress
+from tmpi_adapters.exchangers.base import (ANY_SOURCE, ANY_TAG, Exchanger, Finished,
+                                           check_precision,
                                            check_reduce_op)
 from tmpi_adapters.exchangers.lockstep import Lockstep
 from tmpi_adapters.exchangers.plans import MPIRequest, Plan, split_counts
@@ -57,7 +58,9 @@ ENVELOPES_ENV = "TMPI_ENVELOPES"
 #: (measured crossover with MPICH on shared memory: 256 KiB - 1 MiB).
 RSAG_MIN_BYTES = 512 * 1024
 #: Array signatures whose buffers are kept between calls.
-_MAX_PLANS = 32
+_MAX_PLANS = 128
+#: Pairs of point-to-point tags the collectives in flight at once cycle through.
+_TAGS = 8192
 
 
 
@@ -79,6 +82,7 @@ class MPIExchanger(Exchanger):
 
     name = "mpi"
     memory = "host"
+    overlaps = True
 
     def __init__(self, comm=None, precision=None, bucket_bytes=None, timeout=None,
                  on_stall=None, algorithm=None):
@@ -96,6 +100,8 @@ class MPIExchanger(Exchanger):
         self._buffers = {}
         self._plans = {}
         self._private = None
+        self._progress = None       # the progress thread, or why there is none
+        self._in_flight = 0         # started collectives not yet ended
         self.lockstep = Lockstep(self, enabled=os.environ.get(ENVELOPES_ENV, "1") != "0")
         if self.size > 1:
             # Made now, when every rank is known to be here: a communicator
@@ -136,8 +142,8 @@ class MPIExchanger(Exchanger):
             self._buffers[key] = buf
         return buf[:n]
 
-    def _plan(self, arrays, precision, header):
-        key = (precision, header) + tuple((a.shape, a.dtype.str) for a in arrays)
+    def _plan(self, arrays, precision, header, slot=None):
+        key = (precision, header, slot) + tuple((a.shape, a.dtype.str) for a in arrays)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _MAX_PLANS:
@@ -200,6 +206,44 @@ class MPIExchanger(Exchanger):
                 self._reduce_group(group, arrays, factors, envelope,
                                    weight if travels else None, ops)
             return self._unpack(plan, out)
+
+    def start_allreduce(self, arrays, ops, weight=None, total=None, precision=None, slot=None):
+        """Start :meth:`allreduce` of ``arrays`` (each reduced as its entry of
+        ``ops`` says) and return at once a :class:`PendingAllreduce`, which
+        moves on whenever it is polled and ends with ``finish()``.
+
+        The arrays are packed now, so they may change afterwards.  Every
+        dtype's buffer travels in one collective whatever ``bucket_bytes``
+        says (the caller made the buckets); several may be in flight at
+        once, each checked by its own envelope when it ends.  Exchanges in
+        flight together need different ``slot`` values (any hashable): each
+        slot has buffers of its own.
+        """
+        precision = self.precision if precision is None else check_precision(precision)
+        arrays = [np.asarray(a) for a in arrays]
+        ops = [check_reduce_op(o) for o in ops]
+        if self.size == 1:
+            return Finished(self._single_rank(arrays, None) if self.borrow else
+                            [a.copy() for a in arrays])
+        travels = weight is not None and total is None and precision not in ("fp16", "bf16")
+        if weight is None:
+            mean = 1.0 / self.size
+        elif total is not None:
+            mean = float(weight) / _checked_total(float(total))
+            self.stats.last_total_weight = float(total)
+        elif travels:
+            mean = float(weight)
+        else:
+            total = self._weight_sum(weight)
+            mean = float(weight) / total
+            self.stats.last_total_weight = total
+        plan = self._plan(arrays, precision, self.lockstep.slots + int(travels), slot)
+        summed = 0.0 if weight == 0 else 1.0
+        factors = [mean if o == "mean" else summed for o in ops]
+        if self._progress is None:
+            self._progress = progress.start(self._p2p_comm())
+        return PendingAllreduce(self, plan, arrays, factors, ops,
+                                weight if travels else None, self.borrow)
 
     def _single_rank(self, arrays, out):
         # Nothing travels: the mean of one rank is its own value.
@@ -270,7 +314,13 @@ class MPIExchanger(Exchanger):
                            "allreduce", buf.nbytes)
 
     def _rsag(self, group, buf):
-        """Reduce-scatter then allgather ``buf`` in place (module doc, step 3).
+        """Reduce-scatter then allgather ``buf`` in place (module doc, step 3)."""
+        for requests, nbytes in self._rsag_steps(group, buf):
+            self._transfer(lambda: requests, "allreduce", nbytes)
+
+    def _rsag_steps(self, group, buf, alone=False, tag=1):
+        """:meth:`_rsag` as its two transfers: yields each one's started
+        requests and bytes, and sums the received shares in between.
 
         Point-to-point messages on a private communicator: with MPICH they
         run at shared-memory copy speed where ``Ialltoallv``/``Iallgatherv``
@@ -281,26 +331,29 @@ class MPIExchanger(Exchanger):
         mine, start = counts[rank], offsets[rank]
         # Everyone talks to rank+1 first, rank+2 next...: no rank is swamped.
         peers = [(rank + k) % size for k in range(1, size)]
-        scratch = self._buffer(("scratch", buf.dtype.str), (size - 1) * mine, buf.dtype)
+        if alone:  # overlapped buckets are reduced at once: each its own scratch
+            scratch = getattr(group, "scratch", None)
+            if scratch is None or scratch.size < (size - 1) * mine:
+                scratch = group.scratch = np.empty(max((size - 1) * mine, 1), buf.dtype)
+            scratch = scratch[:(size - 1) * mine]
+        else:
+            scratch = self._buffer(("scratch", buf.dtype.str), (size - 1) * mine, buf.dtype)
         parts = [scratch[k * mine:(k + 1) * mine] for k in range(size - 1)]
-
-        def scatter():  # my share of every other rank's buffer
-            return ([comm.Irecv(part, source=peer, tag=1) for peer, part in zip(peers, parts)]
-                    + [comm.Isend(buf[offsets[peer]:offsets[peer] + counts[peer]], dest=peer,
-                                  tag=1) for peer in peers])
-        self._transfer(scatter, "allreduce", (buf.size - mine) * buf.itemsize)
+        # my share of every other rank's buffer
+        yield ([comm.Irecv(part, source=peer, tag=tag) for peer, part in zip(peers, parts)]
+               + [comm.Isend(buf[offsets[peer]:offsets[peer] + counts[peer]], dest=peer,
+                             tag=tag) for peer in peers]), (buf.size - mine) * buf.itemsize
         own = buf[start:start + mine]
         if group.fmt is None:
             for part in parts:
                 np.add(own, part, out=own)
         else:
             codecs.reduce_codes([own] + parts, own, group.fmt)
-
-        def gather():  # my reduced share to everyone, theirs into place
-            return ([comm.Irecv(buf[offsets[peer]:offsets[peer] + counts[peer]], source=peer,
-                                tag=2) for peer in peers]
-                    + [comm.Isend(own, dest=peer, tag=2) for peer in peers])
-        self._transfer(gather, "allreduce", mine * buf.itemsize * (size - 1))
+        # my reduced share to everyone, theirs into place
+        yield ([comm.Irecv(buf[offsets[peer]:offsets[peer] + counts[peer]], source=peer,
+                           tag=tag + 1) for peer in peers]
+               + [comm.Isend(own, dest=peer, tag=tag + 1) for peer in peers]), \
+            mine * buf.itemsize * (size - 1)
 
     def _p2p_comm(self):
         """A duplicate of the communicator for the exchanger's own messages, so
@@ -326,14 +379,15 @@ class MPIExchanger(Exchanger):
             codecs.decode(wire, decoded, group.fmt)
             np.copyto(result, decoded, casting="unsafe")
 
-    def _unpack(self, plan, out):
+    def _unpack(self, plan, out, borrow=None):
+        borrow = self.borrow if borrow is None else borrow
         results = [None] * sum(len(g.members) for g in plan.groups)
         for group in plan.groups:
             for index, view in group.views():
                 if out is not None:
                     np.copyto(out[index], view, casting="unsafe")
                     results[index] = out[index]
-                elif self.borrow:
+                elif borrow:
                     results[index] = view
                 else:
                     results[index] = view.copy()
@@ -424,13 +478,110 @@ class MPIExchanger(Exchanger):
             return status.Get_source(), status.Get_tag()
         return None
 
+    @property
+    def progress_unavailable(self):
+        """Why no thread moves started collectives on (``None`` when one does,
+        or before the first :meth:`start_allreduce`)."""
+        return self._progress if isinstance(self._progress, str) else None
+
+    def _busy(self, change):
+        """Count collectives in flight; the progress thread probes while any is."""
+        self._in_flight += change
+        if self._progress is not None and not isinstance(self._progress, str):
+            self._progress.busy(self._in_flight > 0)
+
     def close(self):
+        if self._progress is not None and not isinstance(self._progress, str):
+            self._progress.close()
+        self._progress = None
         self._buffers.clear()
         self._plans.clear()
         if self._private is not None:
             self._private.Free()
             self._private = None
         self.lockstep.close()
+
+
+class PendingAllreduce:
+    """A started :meth:`MPIExchanger.start_allreduce`.
+
+    Each dtype's buffer is one collective: MPI's ``Iallreduce``, which the
+    progress thread (:mod:`.progress`) moves on to its end, or, for fp16/bf16
+    codes, the reduce-scatter and allgather of
+    :meth:`MPIExchanger._rsag_steps`, whose second half starts at the first
+    poll after the first has ended.
+    :meth:`progress` never blocks; :meth:`finish` waits (with the
+    exchanger's stall deadline), checks the envelopes and returns the
+    results, borrowed when the exchange was started inside ``borrowing()``.
+    """
+
+    def __init__(self, exchanger, plan, arrays, factors, ops, weight, borrow):
+        self.exchanger, self.plan, self.ops, self.weight = exchanger, plan, ops, weight
+        self.borrow = borrow
+        self.sequence, self.envelope = exchanger.lockstep.begin("allreduce")
+        self.steps = [self._steps(group, arrays, factors) for group in plan.groups]
+        self.requests = [next(steps) for steps in self.steps]
+        self.results = None
+        self.ended = False
+        exchanger._busy(+1)
+
+    def _steps(self, group, arrays, factors):
+        """Pack and start ``group``'s collective; after each yielded list of
+        requests has completed, the next part; at the end the check."""
+        exchanger, lockstep = self.exchanger, self.exchanger.lockstep
+        exchanger._pack(group, arrays, factors, 0, group.n)
+        if group.header:
+            lockstep.write_slots(group, self.envelope, self.weight, self.sequence)
+        buf = group.wire
+        if group.fmt is not None:
+            # Codes MPI cannot sum.  Tags of its own: parts in flight together move on in any order.
+            tag = 3 + 2 * (self.sequence % _TAGS)
+            for requests, nbytes in exchanger._rsag_steps(group, buf, alone=True, tag=tag):
+                exchanger.stats.wire_bytes += nbytes
+                yield requests
+        else:
+            MPI = exchanger.MPI
+            exchanger.stats.wire_bytes += buf.nbytes
+            yield [exchanger.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)]
+        if group.header:
+            total = lockstep.check_slots(group, self.envelope, self.weight, self.sequence)
+            if total is not None:
+                exchanger.stats.last_total_weight = _checked_total(total)
+                exchanger._divide_means(group, self.ops, 1.0 / total, 0, group.n)
+        exchanger._finish(group, 0, group.n)
+
+    def progress(self):
+        """Move every part on as far as it goes now; True once all have ended."""
+        if self.ended:
+            return True
+        MPI = self.exchanger.MPI
+        try:
+            for i, requests in enumerate(self.requests):
+                while requests is not None and MPI.Request.Testall(requests):
+                    requests = next(self.steps[i], None)
+                self.requests[i] = requests
+        except BaseException:
+            self._end()
+            raise
+        if all(r is None for r in self.requests):
+            self._end()
+        return self.ended
+
+    def _end(self):
+        if not self.ended:
+            self.ended = True
+            self.exchanger._busy(-1)
+
+    def finish(self):
+        """Wait until the exchange has ended; its results, in order."""
+        if self.results is None:
+            exchanger = self.exchanger
+            begin = time.perf_counter()
+            with exchanger.lockstep.waiting("allreduce", self.sequence, self.envelope):
+                exchanger.wait_for(self.progress, "allreduce", patient=False)
+            exchanger.stats.transfer_s += time.perf_counter() - begin
+            self.results = exchanger._unpack(self.plan, None, self.borrow)
+        return self.results
 
 
 def _checked_total(total):

@@ -456,16 +456,55 @@ class _StepExchange:
                     arrays.append(expr)
                     ops.append("mean")
             model.averaged_state = [v for v in model.model_state if id(v) in self.states]
-        fused = FusedAllreduce(key, ops, gradients=len(markers),
-                               exchange=session.exchange_gradients,
-                               borrowed=session.size > 1)(*arrays)
+        if session.overlapping:
+            self.outputs = self.parts(session, key, markers, arrays, ops)
+        else:
+            fused = FusedAllreduce(key, ops, gradients=len(markers),
+                                   exchange=session.exchange_gradients,
+                                   borrowed=session.size > 1)(*arrays)
+            self.outputs = list(fused) if isinstance(fused, (list, tuple)) else [fused]
         #: the exchange's results, then the carried sums with their alike terms added
-        self.outputs = list(fused) if isinstance(fused, (list, tuple)) else [fused]
         for index, alike in summed:
             self.outputs.append(self.outputs[self.carried[index]] + alike)
             self.carried[index] = len(self.outputs) - 1
         self.replace = {node.outputs[0]: out if pair is None else out + pair[1]
                         for node, out, pair in zip(markers, self.outputs, added)}
+
+    @staticmethod
+    def parts(session, key, markers, arrays, ops):
+        """``--overlap``: the exchange of ``arrays`` (the gradients of
+        ``markers``, then the riders) as parts of at most ``--bucket-bytes``
+        of gradients, filled from the last parameter back (the last layers'
+        gradients exist first), the riders in the last part.  Every part
+        starts as soon as its gradients exist; they are waited for once all
+        have started, before any update.  Returns the results, in the order
+        of ``arrays``."""
+        from tmpi_adapters.core.ops import FinishExchange, StartExchange
+        limit = session.options.bucket_bytes or OVERLAP_BUCKET_BYTES
+        parts, current, size = [], [], 0
+        for i in reversed(range(len(markers))):
+            nbytes = _nbytes(markers[i].op.wrt, arrays[i].dtype)
+            if current and size + nbytes > limit:
+                parts.append(current)
+                current, size = [], 0
+            current.append(i)
+            size += nbytes
+        parts.append(current)
+        riders = list(range(len(markers), len(arrays)))
+        members = [sorted(part) + (riders if k == len(parts) - 1 else [])
+                   for k, part in enumerate(parts)]
+        token = None
+        for k, (part, chosen) in enumerate(zip(parts, members)):
+            start = StartExchange(key, [ops[i] for i in chosen], len(part), k, len(parts),
+                                  sorted(part), start=session.start_exchange)
+            token = start(*([token] if k else []) + [arrays[i] for i in chosen])
+        order = [i for chosen in members for i in chosen]
+        finish = FinishExchange(key, [arrays[i].type for i in order],
+                                finish=session.finish_exchange)(token)
+        outputs = [None] * len(arrays)
+        for i, result in zip(order, finish if isinstance(finish, (list, tuple)) else [finish]):
+            outputs[i] = result
+        return outputs
 
     @staticmethod
     def differs(session, model):
@@ -491,6 +530,20 @@ class _StepExchange:
                 result[n_outputs + k] = (var + exchanged[position]) if accumulates \
                     else exchanged[position]
         return result
+
+
+#: ``--overlap``'s largest part, in bytes of gradients, unless ``--bucket-bytes`` says.
+OVERLAP_BUCKET_BYTES = 4 << 20
+
+
+def _nbytes(wrt, dtype):
+    """Bytes of the gradient with respect to shared variable ``wrt``."""
+    import numpy as np
+    try:
+        shape = wrt.get_value(borrow=True, return_internal_type=True).shape
+    except Exception:   # not a shared variable: a guess is enough to make parts
+        return 1 << 20
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def _normalize_outputs(outputs):

@@ -181,6 +181,22 @@ class Rule:
         """
         return self.exchanger.allreduce(arrays, ops=ops, weight=weight, total=total)
 
+    @property
+    def overlaps(self):
+        """Whether a step's exchange may be split into parts that overlap
+        backpropagation (``--overlap``): gradient rules whose reduction is the
+        exchanger's exact allreduce (:meth:`reduce_gradients` not overridden)."""
+        return self.exchanges == "gradients" and \
+            type(self).reduce_gradients is Rule.reduce_gradients
+
+    def start_reduce_gradients(self, arrays, weight, ops=None, total=None, slot=None):
+        """:meth:`reduce_gradients` of one part of an overlapped step, started:
+        returns the exchanger's pending reduction (``progress()``,
+        ``finish()``).  ``slot`` tells the parts of a step apart.  Only called
+        when :attr:`overlaps`."""
+        return self.exchanger.start_allreduce(arrays, ops, weight=weight, total=total,
+                                              slot=slot)
+
     def end_step(self, model, samples):
         """What the session calls after each step: :meth:`after_step`, then,
         under a gradient rule, the model's state (statistics each rank

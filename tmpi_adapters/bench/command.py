@@ -342,16 +342,18 @@ def _network_rows(network):
     if "skipped" in network:
         return ["", "network: skipped: %s" % network["skipped"]]
     rows = []
+    overlap = "bsp_overlap" in network.get("variants", ())
     for name, link in network["links"].items():
         training = link["training"]
-        rows.append("| %s | %.2f%s | %s / %s | %.2f | %.2f | %.2f |" % (
+        rows.append("| %s | %.2f%s | %s / %s | %.2f | %.2f | %.2f |%s" % (
             name, link["fidelity"], "" if link["trusted"] else " (not trusted)",
             _ms(link["exchange"]["median_s"]["fused"]),
             _ms(link["exchange"]["median_s"]["fused_fp16"]), link["fp16_over_fp32"],
-            link["exchange_over_ring_floor"], training["speedup_bsp"]))
+            link["exchange_over_ring_floor"], training["speedup_bsp"],
+            " %.2f |" % training["speedup_bsp_overlap"] if overlap else ""))
     lines = _table(rows, ["link (2 ranks, wide conv net)", "ring step / rate's",
                           "exchange fp32 / fp16", "fp16/fp32", "fp32 / ring floor",
-                          "BSP speed-up"])
+                          "BSP speed-up"] + (["BSP --overlap speed-up"] if overlap else []))
     if "overlap" in network:
         lines.append("overlap: %s" % network["overlap"])
     return lines

@@ -63,7 +63,8 @@ def link_name(rate, delay):
 
 
 def wrap_has(option):
-    """Whether ``tmpi wrap`` offers ``option`` (``--overlap`` is being added)."""
+    """Whether ``tmpi wrap`` offers ``option`` (a bench of this version may
+    time an installed ``tmpi`` of another)."""
     result = subprocess.run([tool("tmpi"), "wrap", "--help"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     return option in result.stdout

@@ -8,6 +8,7 @@ hook.  :func:`active_session` only lets a front door find out whether it
 runs inside ``tmpi wrap``.
 """
 import random
+import sys
 import time
 
 import numpy as np
@@ -96,6 +97,7 @@ class Session:
         self._after_exchange = False
         self._weight = None
         self._total = None
+        self._warned_progress = False
         exchanger_name = self.options.exchanger or self.pm.hook.tmpi_select_exchanger(
             session=self)
         exchanger_cls = lookup("exchangers", exchanger_name, self.pm)
@@ -365,12 +367,23 @@ class Session:
                                                        total=self._total, slot=(key, part))
         for handle in started:
             handle.pending.progress()
+        if not started:
+            self._say_how_parts_move()
         # The hook sees them once every part is in: the graph may reuse their memory.
         seen = [np.array(a, copy=True) for a in arrays[:gradients]] \
             if self._after_exchange else None
         handle = _Part(key, part, parts, gradients, positions, pending, seen)
         self.recorder.add_exchange(time.perf_counter() - begin)
         return handle
+
+    def _say_how_parts_move(self):
+        """Once: warn when no thread moves started parts while Theano computes."""
+        why = getattr(self.exchanger, "progress_unavailable", None)
+        if why and not self._warned_progress:
+            self._warned_progress = True
+            self.print("tmpi: warning: --overlap: no thread moves the exchange on while "
+                       "Theano computes (%s); each part moves only when a later part starts "
+                       "or at the end of backpropagation." % why, file=sys.stderr)
 
     def finish_exchange(self, handles):
         """What the in-graph :class:`~tmpi_adapters.core.ops.FinishExchange`

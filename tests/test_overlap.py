@@ -3,7 +3,7 @@
 Real ranks under real ``mpiexec`` run real Theano, Lasagne and Keras 2.3.1
 scripts.  The parts must change *when* gradients travel, never what a step
 computes: every run is compared with the same job without ``--overlap``
-(the same sums in the same order: equal to the last bit) and with one rank.
+(on 2 ranks every sum has two terms: equal to the last bit) and with one rank.
 """
 import re
 

@@ -79,6 +79,29 @@ def main(name):
                                            atol=ptol * np.abs(expected).max())
                 assert host(reduced[i]).dtype == dtype
 
+    # Started reductions: several in flight at once (two of the same shapes,
+    # told apart by their slot), finished in another order, equal to allreduce;
+    # the inputs may change once started.
+    for precision in ("native", "fp16"):
+        weights = [r + 2.0 for r in range(size)]
+        parts = [[xp.asarray(contribution(rank, s, np.float32, i)) for i, s in enumerate(shapes)]
+                 for _ in range(2)] + [[xp.asarray(contribution(rank, (7,), np.float64, 9))]]
+        ops = [["mean", "sum", "mean", "sum"], ["sum", "mean", "sum", "mean"], ["mean"]]
+        expected = [exchanger.allreduce(p, ops=o, weight=weights[rank], precision=precision)
+                    for p, o in zip(parts, ops)]
+        expected = [[host(a).copy() for a in e] for e in expected]
+        started = [exchanger.start_allreduce(p, o, weight=weights[rank], precision=precision,
+                                             slot=k) for k, (p, o) in enumerate(zip(parts, ops))]
+        for p in parts:
+            for a in p:
+                a[...] = -1
+        started[1].progress()
+        for k in (2, 0, 1):
+            got = started[k].finish()
+            assert started[k].progress()
+            for g, e in zip(got, expected[k]):
+                np.testing.assert_array_equal(host(g), e)
+
     # Broadcast overwrites in place with the root's values.
     for root in {0, size - 1}:
         arrays = [xp.asarray(contribution(rank, s, np.float64, i)) for i, s in enumerate(shapes)]

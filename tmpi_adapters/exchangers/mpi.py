@@ -186,22 +186,8 @@ class MPIExchanger(Exchanger):
                 self.stats.last_total_weight = float(weight)
             return self._single_rank(arrays, out)
         with self.lockstep.collective("allreduce") as envelope:
-            travels = weight is not None and total is None and precision not in ("fp16", "bf16")
-            if weight is None:
-                mean = 1.0 / self.size
-            elif total is not None:
-                mean = float(weight) / _checked_total(float(total))
-                self.stats.last_total_weight = float(total)
-            elif travels:
-                mean = float(weight)
-            else:
-                total = self._weight_sum(weight)
-                mean = float(weight) / total
-                self.stats.last_total_weight = total
+            travels, factors = self._factors(ops, weight, total, precision)
             plan = self._plan(arrays, precision, self.lockstep.slots + int(travels))
-            # A rank running a padding row (weight 0) adds nothing to sums either.
-            summed = 0.0 if weight == 0 else 1.0
-            factors = [mean if o == "mean" else summed for o in ops]
             for group in plan.groups:
                 self._reduce_group(group, arrays, factors, envelope,
                                    weight if travels else None, ops)
@@ -223,8 +209,17 @@ class MPIExchanger(Exchanger):
         arrays = [np.asarray(a) for a in arrays]
         ops = [check_reduce_op(o) for o in ops]
         if self.size == 1:
-            return Finished(self._single_rank(arrays, None) if self.borrow else
-                            [a.copy() for a in arrays])
+            return Finished(self._single_rank(arrays, None))
+        travels, factors = self._factors(ops, weight, total, precision)
+        plan = self._plan(arrays, precision, self.lockstep.slots + int(travels), slot)
+        if self._progress is None:
+            self._progress = progress.start(self._p2p_comm())
+        return PendingAllreduce(self, plan, arrays, factors, ops,
+                                weight if travels else None, self.borrow)
+
+    def _factors(self, ops, weight, total, precision):
+        """``(travels, factors)``: whether the weight travels in the buffer, and
+        what each array is multiplied by as it is packed (module doc, step 1)."""
         travels = weight is not None and total is None and precision not in ("fp16", "bf16")
         if weight is None:
             mean = 1.0 / self.size
@@ -237,13 +232,9 @@ class MPIExchanger(Exchanger):
             total = self._weight_sum(weight)
             mean = float(weight) / total
             self.stats.last_total_weight = total
-        plan = self._plan(arrays, precision, self.lockstep.slots + int(travels), slot)
+        # A rank running a padding row (weight 0) adds nothing to sums either.
         summed = 0.0 if weight == 0 else 1.0
-        factors = [mean if o == "mean" else summed for o in ops]
-        if self._progress is None:
-            self._progress = progress.start(self._p2p_comm())
-        return PendingAllreduce(self, plan, arrays, factors, ops,
-                                weight if travels else None, self.borrow)
+        return travels, [mean if o == "mean" else summed for o in ops]
 
     def _single_rank(self, arrays, out):
         # Nothing travels: the mean of one rank is its own value.

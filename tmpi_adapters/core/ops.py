@@ -145,7 +145,7 @@ def _generic():
 
 
 class StartExchange(Op):
-    """Starts part ``part`` of a step's exchange split into ``parts`` (``--overlap``).
+    """Starts part ``part`` of a step's exchange split into parts (``--overlap``).
 
     Its inputs are the previous part's token (from the second part on),
     then the part's arrays: gradients first (``gradients`` of them, at
@@ -159,11 +159,11 @@ class StartExchange(Op):
     :meth:`~tmpi_adapters.core.session.Session.start_exchange`.
     """
 
-    __props__ = ("key", "ops", "gradients", "part", "parts", "positions")
+    __props__ = ("key", "ops", "gradients", "part", "positions")
 
-    def __init__(self, key, ops, gradients, part, parts, positions, start=None):
+    def __init__(self, key, ops, gradients, part, positions, start=None):
         self.key, self.ops, self.gradients = key, tuple(ops), gradients
-        self.part, self.parts, self.positions = part, parts, tuple(positions)
+        self.part, self.positions = part, tuple(positions)
         self._start = start
 
     def do_constant_folding(self, node):
@@ -180,13 +180,11 @@ class StartExchange(Op):
         before = tuple(inputs[0]) if self.part else ()
         arrays = list(inputs[1:] if self.part else inputs)
         handle = self._start(arrays, key=self.key, ops=self.ops, gradients=self.gradients,
-                             part=self.part, parts=self.parts, positions=self.positions,
-                             started=before)
+                             part=self.part, positions=self.positions, started=before)
         output_storage[0][0] = before + (handle,)
 
     def __reduce__(self):
-        return (StartExchange, (self.key, self.ops, self.gradients, self.part, self.parts,
-                                self.positions))
+        return (StartExchange, (self.key, self.ops, self.gradients, self.part, self.positions))
 
 
 class FinishExchange(Op):

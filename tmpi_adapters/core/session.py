@@ -353,8 +353,8 @@ class Session:
         self.recorder.add_exchange(time.perf_counter() - start)
         return results
 
-    def start_exchange(self, arrays, key=None, ops=None, gradients=None, part=0, parts=1,
-                       positions=(), started=()):
+    def start_exchange(self, arrays, key=None, ops=None, gradients=None, part=0, positions=(),
+                       started=()):
         """What the in-graph :class:`~tmpi_adapters.core.ops.StartExchange`
         calls (``--overlap``): start part ``part`` of the step's exchange of
         training function ``key`` and move on the parts ``started`` before
@@ -372,7 +372,7 @@ class Session:
         # The hook sees them once every part is in: the graph may reuse their memory.
         seen = [np.array(a, copy=True) for a in arrays[:gradients]] \
             if self._after_exchange else None
-        handle = _Part(key, part, parts, gradients, positions, pending, seen)
+        handle = _Part(key, part, gradients, positions, pending, seen)
         self.recorder.add_exchange(time.perf_counter() - begin)
         return handle
 
@@ -428,8 +428,8 @@ class Session:
 class _Part:
     """One started part of an overlapped step's exchange."""
 
-    __slots__ = ("key", "part", "parts", "gradients", "positions", "pending", "arrays")
+    __slots__ = ("key", "part", "gradients", "positions", "pending", "arrays")
 
-    def __init__(self, key, part, parts, gradients, positions, pending, arrays):
-        self.key, self.part, self.parts, self.gradients = key, part, parts, gradients
+    def __init__(self, key, part, gradients, positions, pending, arrays):
+        self.key, self.part, self.gradients = key, part, gradients
         self.positions, self.pending, self.arrays = positions, pending, arrays

@@ -79,6 +79,22 @@ def main(name):
                                            atol=ptol * np.abs(expected).max())
                 assert host(reduced[i]).dtype == dtype
 
+    # Two dtypes in one weighted call, the total unknown: the weights' sum
+    # travels with the first dtype and must divide the other's means too.
+    weights = [r + 2.0 for r in range(size)]
+    mixed = [xp.asarray(contribution(rank, (3, 4), np.float32, 0)),
+             xp.asarray(contribution(rank, (5,), np.float64, 1)),
+             xp.asarray(contribution(rank, (2,), np.float64, 2))]
+    ops = ["mean", "mean", "sum"]
+    means = [sum(weights[r] * contribution(r, s, np.float64, i) for r in range(size))
+             / sum(weights) for i, s in enumerate([(3, 4), (5,), (2,)])]
+    sums = sum(contribution(r, (2,), np.float64, 2) for r in range(size))
+    for got in (exchanger.allreduce(mixed, ops=ops, weight=weights[rank]),
+                exchanger.start_allreduce(mixed, ops, weight=weights[rank]).finish()):
+        np.testing.assert_allclose(host(got[0]), means[0], rtol=1e-5)
+        np.testing.assert_allclose(host(got[1]), means[1], rtol=1e-12)
+        np.testing.assert_allclose(host(got[2]), sums, rtol=1e-12)
+
     # Started reductions: several in flight at once (two of the same shapes,
     # told apart by their slot), finished in another order, equal to allreduce;
     # the inputs may change once started.

@@ -188,9 +188,10 @@ class MPIExchanger(Exchanger):
         with self.lockstep.collective("allreduce") as envelope:
             travels, factors = self._factors(ops, weight, total, precision)
             plan = self._plan(arrays, precision, self.lockstep.slots + int(travels))
+            summed = None  # the travelling weights' sum, from the first group on
             for group in plan.groups:
-                self._reduce_group(group, arrays, factors, envelope,
-                                   weight if travels else None, ops)
+                summed = self._reduce_group(group, arrays, factors, envelope,
+                                            weight if travels else None, ops, summed)
             return self._unpack(plan, out)
 
     def start_allreduce(self, arrays, ops, weight=None, total=None, precision=None, slot=None):
@@ -245,11 +246,15 @@ class MPIExchanger(Exchanger):
                 np.copyto(o, a, casting="unsafe")
         return list(out)
 
-    def _reduce_group(self, group, arrays, factors, envelope, weight, ops):
+    def _reduce_group(self, group, arrays, factors, envelope, weight, ops, total=None):
+        """Pack, reduce, check and unscale one dtype's group, bucket by bucket.
+
+        A travelling ``weight`` is summed in the first group's header; the
+        groups after it get that ``total`` (returned) to divide their means by.
+        """
         step = group.n
         if self.bucket_bytes:
             step = max(group.header + 1, int(self.bucket_bytes) // group.wire.itemsize)
-        total = None
         for lo in range(0, group.n, step):
             hi = min(group.n, lo + step)
             self._pack(group, arrays, factors, lo, hi)
@@ -263,6 +268,7 @@ class MPIExchanger(Exchanger):
             if total is not None:
                 self._divide_means(group, ops, 1.0 / total, lo, hi)
             self._finish(group, lo, hi)
+        return total
 
     def _pack(self, group, arrays, factors, lo, hi):
         """Copy (and scale, and encode) the arrays' elements ``[lo, hi)`` into the wire."""
@@ -514,6 +520,7 @@ class PendingAllreduce:
         self.requests = [next(steps) for steps in self.steps]
         self.results = None
         self.ended = False
+        self.total = None
         exchanger._busy(+1)
 
     def _steps(self, group, arrays, factors):
@@ -535,11 +542,18 @@ class PendingAllreduce:
             exchanger.stats.wire_bytes += buf.nbytes
             yield [exchanger.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)]
         if group.header:
-            total = lockstep.check_slots(group, self.envelope, self.weight, self.sequence)
-            if total is not None:
-                exchanger.stats.last_total_weight = _checked_total(total)
-                exchanger._divide_means(group, self.ops, 1.0 / total, 0, group.n)
-        exchanger._finish(group, 0, group.n)
+            self.total = lockstep.check_slots(group, self.envelope, self.weight, self.sequence)
+
+    def _complete(self):
+        """Every group is reduced: divide the means by a travelling weight's
+        sum (the first group carried it), bring the wire to the arrays' dtypes."""
+        exchanger = self.exchanger
+        if self.total is not None:
+            exchanger.stats.last_total_weight = _checked_total(self.total)
+        for group in self.plan.groups:
+            if self.total is not None:
+                exchanger._divide_means(group, self.ops, 1.0 / self.total, 0, group.n)
+            exchanger._finish(group, 0, group.n)
 
     def progress(self):
         """Move every part on as far as it goes now; True once all have ended."""
@@ -556,6 +570,7 @@ class PendingAllreduce:
             raise
         if all(r is None for r in self.requests):
             self._end()
+            self._complete()
         return self.ended
 
     def _end(self):

@@ -46,7 +46,8 @@ from tmpi_adapters.exchangers.base import (ANY_SOURCE, ANY_TAG, Exchanger, Finis
                                            check_precision,
                                            check_reduce_op)
 from tmpi_adapters.exchangers.lockstep import Lockstep
-from tmpi_adapters.exchangers.plans import MPIRequest, Plan, split_counts
+from tmpi_adapters.exchangers.plans import (MPIRequest, PendingAllreduce, Plan,
+                                            checked_total, split_counts)
 from tmpi_adapters.exchangers.waiting import START_SECONDS
 from tmpi_adapters.pluginmanager import hookimpl
 
@@ -59,8 +60,6 @@ ENVELOPES_ENV = "TMPI_ENVELOPES"
 RSAG_MIN_BYTES = 512 * 1024
 #: Array signatures whose buffers are kept between calls.
 _MAX_PLANS = 128
-#: Pairs of point-to-point tags the collectives in flight at once cycle through.
-_TAGS = 8192
 
 
 
@@ -155,7 +154,7 @@ class MPIExchanger(Exchanger):
         """The total weight over ranks, in a collective of its own."""
         total = np.array([float(weight)])
         self._sync(self.comm.Iallreduce(self.MPI.IN_PLACE, total, op=self.MPI.SUM), "allreduce")
-        return _checked_total(float(total[0]))
+        return checked_total(float(total[0]))
 
     # -- collectives -------------------------------------------------------
     def allreduce(self, arrays, op="mean", weight=None, precision=None, out=None, ops=None,
@@ -225,7 +224,7 @@ class MPIExchanger(Exchanger):
         if weight is None:
             mean = 1.0 / self.size
         elif total is not None:
-            mean = float(weight) / _checked_total(float(total))
+            mean = float(weight) / checked_total(float(total))
             self.stats.last_total_weight = float(total)
         elif travels:
             mean = float(weight)
@@ -264,7 +263,7 @@ class MPIExchanger(Exchanger):
             if lo == 0 and group.header:
                 total = self.lockstep.check_slots(group, envelope, weight)
                 if total is not None:
-                    self.stats.last_total_weight = _checked_total(total)
+                    self.stats.last_total_weight = checked_total(total)
             if total is not None:
                 self._divide_means(group, ops, 1.0 / total, lo, hi)
             self._finish(group, lo, hi)
@@ -497,103 +496,6 @@ class MPIExchanger(Exchanger):
             self._private.Free()
             self._private = None
         self.lockstep.close()
-
-
-class PendingAllreduce:
-    """A started :meth:`MPIExchanger.start_allreduce`.
-
-    Each dtype's buffer is one collective: MPI's ``Iallreduce``, which the
-    progress thread (:mod:`.progress`) moves on to its end, or, for fp16/bf16
-    codes, the reduce-scatter and allgather of
-    :meth:`MPIExchanger._rsag_steps`, whose second half starts at the first
-    poll after the first has ended.
-    :meth:`progress` never blocks; :meth:`finish` waits (with the
-    exchanger's stall deadline), checks the envelopes and returns the
-    results, borrowed when the exchange was started inside ``borrowing()``.
-    """
-
-    def __init__(self, exchanger, plan, arrays, factors, ops, weight, borrow):
-        self.exchanger, self.plan, self.ops, self.weight = exchanger, plan, ops, weight
-        self.borrow = borrow
-        self.sequence, self.envelope = exchanger.lockstep.begin("allreduce")
-        self.steps = [self._steps(group, arrays, factors) for group in plan.groups]
-        self.requests = [next(steps) for steps in self.steps]
-        self.results = None
-        self.ended = False
-        self.total = None
-        exchanger._busy(+1)
-
-    def _steps(self, group, arrays, factors):
-        """Pack and start ``group``'s collective; after each yielded list of
-        requests has completed, the next part; at the end the check."""
-        exchanger, lockstep = self.exchanger, self.exchanger.lockstep
-        exchanger._pack(group, arrays, factors, 0, group.n)
-        if group.header:
-            lockstep.write_slots(group, self.envelope, self.weight, self.sequence)
-        buf = group.wire
-        if group.fmt is not None:
-            # Codes MPI cannot sum.  Tags of its own: parts in flight together move on in any order.
-            tag = 3 + 2 * (self.sequence % _TAGS)
-            for requests, nbytes in exchanger._rsag_steps(group, buf, alone=True, tag=tag):
-                exchanger.stats.wire_bytes += nbytes
-                yield requests
-        else:
-            MPI = exchanger.MPI
-            exchanger.stats.wire_bytes += buf.nbytes
-            yield [exchanger.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)]
-        if group.header:
-            self.total = lockstep.check_slots(group, self.envelope, self.weight, self.sequence)
-
-    def _complete(self):
-        """Every group is reduced: divide the means by a travelling weight's
-        sum (the first group carried it), bring the wire to the arrays' dtypes."""
-        exchanger = self.exchanger
-        if self.total is not None:
-            exchanger.stats.last_total_weight = _checked_total(self.total)
-        for group in self.plan.groups:
-            if self.total is not None:
-                exchanger._divide_means(group, self.ops, 1.0 / self.total, 0, group.n)
-            exchanger._finish(group, 0, group.n)
-
-    def progress(self):
-        """Move every part on as far as it goes now; True once all have ended."""
-        if self.ended:
-            return True
-        MPI = self.exchanger.MPI
-        try:
-            for i, requests in enumerate(self.requests):
-                while requests is not None and MPI.Request.Testall(requests):
-                    requests = next(self.steps[i], None)
-                self.requests[i] = requests
-        except BaseException:
-            self._end()
-            raise
-        if all(r is None for r in self.requests):
-            self._end()
-            self._complete()
-        return self.ended
-
-    def _end(self):
-        if not self.ended:
-            self.ended = True
-            self.exchanger._busy(-1)
-
-    def finish(self):
-        """Wait until the exchange has ended; its results, in order."""
-        if self.results is None:
-            exchanger = self.exchanger
-            begin = time.perf_counter()
-            with exchanger.lockstep.waiting("allreduce", self.sequence, self.envelope):
-                exchanger.wait_for(self.progress, "allreduce", patient=False)
-            exchanger.stats.transfer_s += time.perf_counter() - begin
-            self.results = exchanger._unpack(self.plan, None, self.borrow)
-        return self.results
-
-
-def _checked_total(total):
-    if not total > 0:
-        raise ConfigError("weighted mean with a total weight of %r across ranks" % total)
-    return total
 
 
 @hookimpl

@@ -1,7 +1,10 @@
 """The ``mpi`` exchanger's buffers: fused plans, kept per array signature, and
-its requests."""
+its requests: point-to-point ones and started reductions."""
+import time
+
 import numpy as np
 
+from tmpi_adapters.errors import ConfigError
 from tmpi_adapters.exchangers.base import Request, pack_plan
 
 
@@ -90,3 +93,105 @@ class Plan:
         self.groups = [Group(dtype, [(i, arrays[i].shape, arrays[i].size) for i in idx],
                              precision, header if k == 0 else 0)
                        for k, (dtype, idx) in enumerate(plan)]
+
+
+#: Pairs of point-to-point tags the collectives in flight at once cycle through.
+_TAGS = 8192
+
+
+class PendingAllreduce:
+    """A started :meth:`~tmpi_adapters.exchangers.mpi.MPIExchanger.start_allreduce`.
+
+    Each dtype's buffer is one collective: MPI's ``Iallreduce``, which the
+    progress thread (:mod:`.progress`) moves on to its end, or, for fp16/bf16
+    codes, the exchanger's reduce-scatter and allgather (``_rsag_steps``),
+    whose second half starts at the first poll after the first has ended.
+    :meth:`progress` never blocks; :meth:`finish` waits (with the
+    exchanger's stall deadline), checks the envelopes and returns the
+    results, borrowed when the exchange was started inside ``borrowing()``.
+    """
+
+    def __init__(self, exchanger, plan, arrays, factors, ops, weight, borrow):
+        self.exchanger, self.plan, self.ops, self.weight = exchanger, plan, ops, weight
+        self.borrow = borrow
+        self.sequence, self.envelope = exchanger.lockstep.begin("allreduce")
+        self.steps = [self._steps(group, arrays, factors) for group in plan.groups]
+        self.requests = [next(steps) for steps in self.steps]
+        self.results = None
+        self.ended = False
+        self.total = None
+        exchanger._busy(+1)
+
+    def _steps(self, group, arrays, factors):
+        """Pack and start ``group``'s collective; after each yielded list of
+        requests has completed, the next part; at the end the check."""
+        exchanger, lockstep = self.exchanger, self.exchanger.lockstep
+        exchanger._pack(group, arrays, factors, 0, group.n)
+        if group.header:
+            lockstep.write_slots(group, self.envelope, self.weight, self.sequence)
+        buf = group.wire
+        if group.fmt is not None:
+            # Codes MPI cannot sum.  Tags of its own: parts in flight
+            # together move on in any order.
+            tag = 3 + 2 * (self.sequence % _TAGS)
+            for requests, nbytes in exchanger._rsag_steps(group, buf, alone=True, tag=tag):
+                exchanger.stats.wire_bytes += nbytes
+                yield requests
+        else:
+            MPI = exchanger.MPI
+            exchanger.stats.wire_bytes += buf.nbytes
+            yield [exchanger.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)]
+        if group.header:
+            self.total = lockstep.check_slots(group, self.envelope, self.weight, self.sequence)
+
+    def _complete(self):
+        """Every group is reduced: divide the means by a travelling weight's
+        sum (the first group carried it), bring the wire to the arrays' dtypes."""
+        exchanger = self.exchanger
+        if self.total is not None:
+            exchanger.stats.last_total_weight = checked_total(self.total)
+        for group in self.plan.groups:
+            if self.total is not None:
+                exchanger._divide_means(group, self.ops, 1.0 / self.total, 0, group.n)
+            exchanger._finish(group, 0, group.n)
+
+    def progress(self):
+        """Move every part on as far as it goes now; True once all have ended."""
+        if self.ended:
+            return True
+        MPI = self.exchanger.MPI
+        try:
+            for i, requests in enumerate(self.requests):
+                while requests is not None and MPI.Request.Testall(requests):
+                    requests = next(self.steps[i], None)
+                self.requests[i] = requests
+        except BaseException:
+            self._end()
+            raise
+        if all(r is None for r in self.requests):
+            self._end()
+            self._complete()
+        return self.ended
+
+    def _end(self):
+        if not self.ended:
+            self.ended = True
+            self.exchanger._busy(-1)
+
+    def finish(self):
+        """Wait until the exchange has ended; its results, in order."""
+        if self.results is None:
+            exchanger = self.exchanger
+            begin = time.perf_counter()
+            with exchanger.lockstep.waiting("allreduce", self.sequence, self.envelope):
+                exchanger.wait_for(self.progress, "allreduce", patient=False)
+            exchanger.stats.transfer_s += time.perf_counter() - begin
+            self.results = exchanger._unpack(self.plan, None, self.borrow)
+        return self.results
+
+
+def checked_total(total):
+    """A summed weight, which must be positive."""
+    if not total > 0:
+        raise ConfigError("weighted mean with a total weight of %r across ranks" % total)
+    return total

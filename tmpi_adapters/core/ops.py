@@ -122,12 +122,8 @@ class FusedAllreduce(Op):
     def perform(self, node, inputs, output_storage):
         if self._exchange is None:
             raise _unbound(self.key)
-        results = self._exchange(list(inputs), key=self.key, ops=self.ops,
-                                 gradients=self.gradients)
-        escaping = leaving_outputs(node)
-        for i, (value, store) in enumerate(zip(results, output_storage)):
-            # Copied: this value outlives the step, the buffer does not.
-            store[0] = np.array(value, copy=True) if i in escaping else value
+        store_borrowed(node, self._exchange(list(inputs), key=self.key, ops=self.ops,
+                                            gradients=self.gradients), output_storage)
 
     def infer_shape(self, node, shapes):
         return shapes
@@ -148,8 +144,8 @@ class StartExchange(Op):
     """Starts part ``part`` of a step's exchange split into parts (``--overlap``).
 
     Its inputs are the previous part's token (from the second part on),
-    then the part's arrays: gradients first (``gradients`` of them, at
-    ``positions`` among the step's gradients), riders after.  It packs them,
+    then the part's arrays: its gradients first (those at ``positions``
+    among the step's gradients), riders after.  It packs them,
     starts their collective and moves the parts already started on; its
     output, the *token*, is every part's pending exchange so far.  Chaining
     the parts through their tokens fixes the order in which Theano runs the
@@ -159,10 +155,10 @@ class StartExchange(Op):
     :meth:`~tmpi_adapters.core.session.Session.start_exchange`.
     """
 
-    __props__ = ("key", "ops", "gradients", "part", "positions")
+    __props__ = ("key", "ops", "part", "positions")
 
-    def __init__(self, key, ops, gradients, part, positions, start=None):
-        self.key, self.ops, self.gradients = key, tuple(ops), gradients
+    def __init__(self, key, ops, part, positions, start=None):
+        self.key, self.ops = key, tuple(ops)
         self.part, self.positions = part, tuple(positions)
         self._start = start
 
@@ -179,12 +175,12 @@ class StartExchange(Op):
             raise _unbound(self.key)
         before = tuple(inputs[0]) if self.part else ()
         arrays = list(inputs[1:] if self.part else inputs)
-        handle = self._start(arrays, key=self.key, ops=self.ops, gradients=self.gradients,
-                             part=self.part, positions=self.positions, started=before)
+        handle = self._start(arrays, key=self.key, ops=self.ops, part=self.part,
+                             positions=self.positions, started=before)
         output_storage[0][0] = before + (handle,)
 
     def __reduce__(self):
-        return (StartExchange, (self.key, self.ops, self.gradients, self.part, self.positions))
+        return (StartExchange, (self.key, self.ops, self.part, self.positions))
 
 
 class FinishExchange(Op):
@@ -220,10 +216,7 @@ class FinishExchange(Op):
     def perform(self, node, inputs, output_storage):
         if self._finish is None:
             raise _unbound(self.key)
-        results = self._finish(inputs[0])
-        escaping = leaving_outputs(node)
-        for i, (value, store) in enumerate(zip(results, output_storage)):
-            store[0] = np.array(value, copy=True) if i in escaping else value
+        store_borrowed(node, self._finish(inputs[0]), output_storage)
 
     def __reduce__(self):
         return (FinishExchange, (self.key, self.types))
@@ -234,6 +227,15 @@ def _unbound(key):
         "training function %s was loaded from a pickle outside the tmpi session that "
         "compiled it; compile it again under tmpi (its gradients need the session's "
         "exchange)." % key)
+
+
+def store_borrowed(node, results, output_storage):
+    """Hand ``node``'s results (views of the exchanger's buffers) to Theano,
+    copying those that leave the function: they outlive the step, the
+    buffer does not."""
+    escaping = leaving_outputs(node)
+    for i, (value, store) in enumerate(zip(results, output_storage)):
+        store[0] = np.array(value, copy=True) if i in escaping else value
 
 
 def leaving_outputs(node):

@@ -353,13 +353,12 @@ class Session:
         self.recorder.add_exchange(time.perf_counter() - start)
         return results
 
-    def start_exchange(self, arrays, key=None, ops=None, gradients=None, part=0, positions=(),
-                       started=()):
+    def start_exchange(self, arrays, key=None, ops=None, part=0, positions=(), started=()):
         """What the in-graph :class:`~tmpi_adapters.core.ops.StartExchange`
         calls (``--overlap``): start part ``part`` of the step's exchange of
         training function ``key`` and move on the parts ``started`` before
-        it.  ``arrays`` are the part's gradients (the first ``gradients``,
-        the step's gradients number ``positions``) and riders.  Returns the
+        it.  ``arrays`` are the part's gradients (the step's gradients number
+        ``positions``), then its riders.  Returns the
         handle :meth:`finish_exchange` takes."""
         begin = time.perf_counter()
         with self.exchanger.borrowing():
@@ -370,9 +369,9 @@ class Session:
         if not started:
             self._say_how_parts_move()
         # The hook sees them once every part is in: the graph may reuse their memory.
-        seen = [np.array(a, copy=True) for a in arrays[:gradients]] \
+        seen = [np.array(a, copy=True) for a in arrays[:len(positions)]] \
             if self._after_exchange else None
-        handle = _Part(key, part, gradients, positions, pending, seen)
+        handle = _Part(key, positions, pending, seen)
         self.recorder.add_exchange(time.perf_counter() - begin)
         return handle
 
@@ -397,13 +396,14 @@ class Session:
         results, gradients, reduced = [], {}, {}
         for handle in handles:
             part = handle.pending.finish()
+            count = len(handle.positions)
             if scale != 1.0:
-                part = [r * r.dtype.type(scale) if i < handle.gradients else r
+                part = [r * r.dtype.type(scale) if i < count else r
                         for i, r in enumerate(part)]
             results += part
             if self._after_exchange:
                 gradients.update(zip(handle.positions, handle.arrays))
-                reduced.update(zip(handle.positions, part[:handle.gradients]))
+                reduced.update(zip(handle.positions, part[:count]))
         if self._after_exchange:
             order = sorted(gradients)
             self.pm.hook.tmpi_after_exchange(session=self, model=model,
@@ -428,8 +428,7 @@ class Session:
 class _Part:
     """One started part of an overlapped step's exchange."""
 
-    __slots__ = ("key", "part", "gradients", "positions", "pending", "arrays")
+    __slots__ = ("key", "positions", "pending", "arrays")
 
-    def __init__(self, key, part, gradients, positions, pending, arrays):
-        self.key, self.part, self.gradients = key, part, gradients
-        self.positions, self.pending, self.arrays = positions, pending, arrays
+    def __init__(self, key, positions, pending, arrays):
+        self.key, self.positions, self.pending, self.arrays = key, positions, pending, arrays

@@ -84,7 +84,7 @@ class Lockstep:
             self._tokens.pop()
             self.current = outer
 
-    def begin(self, what):
+    def begin(self):
         """A collective left running while the rank goes on (a bucket of an
         overlapped exchange): numbered now, its envelope kept, checked when
         it ends.  Returns ``(sequence, envelope)`` for :meth:`write_slots`
@@ -94,11 +94,12 @@ class Lockstep:
         return self.sequence, self.envelope or OUTSIDE
 
     @contextlib.contextmanager
-    def waiting(self, what, sequence, envelope):
-        """Publish, for the watchdog, that this rank waits for collective ``sequence``."""
+    def waiting(self, what, sequence, envelope, token):
+        """Publish, for the watchdog, that this rank waits for collective
+        ``sequence`` (``token``: what :meth:`write_slots` wrote for it)."""
         outer = self.current
         self.current = {"sequence": sequence, "description": envelope.describe(),
-                        "what": what, "since": time.time(), "token": None}
+                        "what": what, "since": time.time(), "token": token}
         try:
             yield
         finally:
@@ -125,10 +126,12 @@ class Lockstep:
     def write_slots(self, group, envelope, weight, sequence=None):
         """Fill ``group``'s header: this rank's token in its slot, zeros in the
         others', then the travelling ``weight`` (if any).  ``sequence``: that
-        of a collective from :meth:`begin` (default: the one being run)."""
+        of a collective from :meth:`begin` (default: the one being run).
+        Returns the token (``None`` when envelopes are off)."""
         size, rank = self.slots, self.exchanger.rank
         header = group.wire[:group.header]
         header.fill(0)
+        token = None
         if size:
             token = self._token(group, envelope, sequence)
             if group.fmt is not None:
@@ -138,6 +141,7 @@ class Lockstep:
                 header[rank] = token
         if weight is not None:
             header[size] = weight
+        return token
 
     def check_slots(self, group, envelope, weight, sequence=None):
         """After the reduction: every rank's token must be this rank's.

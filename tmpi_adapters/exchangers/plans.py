@@ -114,12 +114,11 @@ class PendingAllreduce:
     def __init__(self, exchanger, plan, arrays, factors, ops, weight, borrow):
         self.exchanger, self.plan, self.ops, self.weight = exchanger, plan, ops, weight
         self.borrow = borrow
-        self.sequence, self.envelope = exchanger.lockstep.begin("allreduce")
+        self.sequence, self.envelope = exchanger.lockstep.begin()
+        self.results = self.total = self.token = None
+        self.ended = False
         self.steps = [self._steps(group, arrays, factors) for group in plan.groups]
         self.requests = [next(steps) for steps in self.steps]
-        self.results = None
-        self.ended = False
-        self.total = None
         exchanger._busy(+1)
 
     def _steps(self, group, arrays, factors):
@@ -128,7 +127,8 @@ class PendingAllreduce:
         exchanger, lockstep = self.exchanger, self.exchanger.lockstep
         exchanger._pack(group, arrays, factors, 0, group.n)
         if group.header:
-            lockstep.write_slots(group, self.envelope, self.weight, self.sequence)
+            self.token = lockstep.write_slots(group, self.envelope, self.weight,
+                                              self.sequence)
         buf = group.wire
         if group.fmt is not None:
             # Codes MPI cannot sum.  Tags of its own: parts in flight
@@ -183,7 +183,8 @@ class PendingAllreduce:
         if self.results is None:
             exchanger = self.exchanger
             begin = time.perf_counter()
-            with exchanger.lockstep.waiting("allreduce", self.sequence, self.envelope):
+            with exchanger.lockstep.waiting("allreduce", self.sequence, self.envelope,
+                                            self.token):
                 exchanger.wait_for(self.progress, "allreduce", patient=False)
             exchanger.stats.transfer_s += time.perf_counter() - begin
             self.results = exchanger._unpack(self.plan, None, self.borrow)

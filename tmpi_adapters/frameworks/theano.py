@@ -495,7 +495,7 @@ class _StepExchange:
                    for k, part in enumerate(parts)]
         token = None
         for k, (part, chosen) in enumerate(zip(parts, members)):
-            start = StartExchange(key, [ops[i] for i in chosen], len(part), k, sorted(part),
+            start = StartExchange(key, [ops[i] for i in chosen], k, sorted(part),
                                   start=session.start_exchange)
             token = start(*([token] if k else []) + [arrays[i] for i in chosen])
         order = [i for chosen in members for i in chosen]

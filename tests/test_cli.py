@@ -105,6 +105,23 @@ def test_all_ranks_output_is_prefixed():
 
 
 @pytest.mark.mpi
+def test_all_ranks_output_keeps_every_line_whole_and_prefixed():
+    result = check(tmpi("wrap", "-n", "2", "--all-ranks-output",
+                        SCRIPTS / "output_lines.py"))
+    lines = result.stdout.splitlines()
+    for rank in (0, 1):
+        # Lines of 100,000 characters (past mpiexec's 64 KiB pieces) are not cut.
+        assert lines.count("[rank %d] %s" % (rank, str(rank) * 100000)) == 6, \
+            [line[:20] + "...%d" % len(line) for line in lines]
+        assert "[rank %d] bytes of rank %d" % (rank, rank) in lines  # sys.stdout.buffer
+        assert "[rank %d] fd 1 of rank %d" % (rank, rank) in lines   # below Python
+        assert "[rank %d] unfinished" % rank in lines                # the last, unended line
+    summary = [line for line in lines if "steps on 2 rank(s)" in line]
+    assert len(summary) == 1 and summary[0].startswith("[rank 0] tmpi: 4 steps"), summary
+    assert all(line.startswith("[rank ") for line in lines), lines
+
+
+@pytest.mark.mpi
 def test_everything_after_the_script_is_the_scripts():
     # --epochs is the script's, and so is --seed although tmpi has one too;
     # "--" may end tmpi's options.

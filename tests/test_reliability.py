@@ -33,12 +33,12 @@ class Job:
     the test can find the ranks (and any process left behind) in ``/proc``.
     """
 
-    def __init__(self, *args, env=None):
+    def __init__(self, *args, env=None, cwd=ROOT):
         self.token = uuid.uuid4().hex
         env = dict(env or rank_env())
         env[TOKEN_ENV] = self.token
         self.stdout, self.stderr = [], []
-        self.process = subprocess.Popen([TMPI] + [str(a) for a in args], env=env, cwd=ROOT,
+        self.process = subprocess.Popen([TMPI] + [str(a) for a in args], env=env, cwd=cwd,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
         self._readers = [threading.Thread(target=self._read, args=(stream, sink), daemon=True)
@@ -153,7 +153,89 @@ def test_rank_leaving_without_finalize_is_not_a_success():
     job = Job("wrap", "-n", "2", CRASH, "exit", "300")
     code, _, stderr = job.finish(timeout=START_TIMEOUT)
     assert code != 0, stderr
-    assert "did not finish the script" in stderr and "os._exit" in stderr, stderr
+    assert "tmpi: rank 1 (pid" in stderr and "left without finishing the script" in stderr \
+        and "os._exit" in stderr, stderr
+    assert "rank(s) 0, 1" not in stderr  # the rank that left, not every rank mpiexec stopped
+
+
+@pytest.mark.mpi
+def test_rank_ending_its_script_with_a_status_ends_the_job_with_it():
+    # Rank 1 calls sys.exit(3) at step 5 while rank 0 trains on: rank 1 waits in
+    # MPI's finalize, rank 0 in the next step's exchange, for ever unless told.
+    job = Job("wrap", "-n", "2", CRASH, "sysexit", "5")
+    code, _, stderr = job.finish(timeout=START_TIMEOUT)
+    assert code == 3, stderr
+    assert "tmpi: rank 1 ended its script with status 3 (sys.exit) while rank 0 went on" \
+        in stderr, stderr
+    assert "reliability_crash.py:" in stderr and "sys.exit(3)" in stderr, stderr
+    assert "rank 0: waiting" in stderr and "in step 6 of train" in stderr, stderr
+    assert not job.processes(), "processes left behind: %s" % job.processes()
+
+
+@pytest.mark.mpi
+def test_a_rank_killed_by_a_signal_exits_with_128_plus_the_signal():
+    # A bare 6 would read as tmpi's own checkpoint error.
+    job = Job("wrap", "-n", "2", CRASH, "abort", "5")
+    code, _, stderr = job.finish(timeout=START_TIMEOUT)
+    assert code == 128 + signal.SIGABRT, stderr
+    assert "rank 1 (pid" in stderr and "SIGABRT" in stderr, stderr
+
+
+@pytest.mark.mpi
+def test_killing_mpiexec_is_reported_and_leaves_nothing_running():
+    job = Job("wrap", "-n", "2", MLP, "--epochs", "100000", "--batch-size", "16")
+    try:
+        job.wait_for_output("epoch  2/")
+        launchers = [pid for pid, env in job.processes().items() if "PMI_RANK" not in env
+                     and pid != job.process.pid]
+        mpiexec = [pid for pid in launchers if b"mpiexec" in open(
+            "/proc/%d/cmdline" % pid, "rb").read().split(b"\0")[0]]
+        assert mpiexec, launchers
+        os.kill(mpiexec[0], signal.SIGKILL)
+        code, _, stderr = job.finish()
+    finally:
+        job.kill()
+    assert code == 128 + signal.SIGKILL, stderr
+    assert "tmpi: mpiexec (pid %d) was killed by signal 9 (SIGKILL)" % mpiexec[0] in stderr
+    assert not job.processes(), "processes left behind: %s" % job.processes()
+
+
+@pytest.mark.mpi
+def test_reading_stdin_on_another_rank_than_0_is_a_clear_error():
+    # mpiexec feeds rank 0 only: rank 1's input() would wait for ever.
+    job = Job("wrap", "-n", "2", SCRIPTS / "reliability_before_compile.py", "stdin")
+    code, _, stderr = job.finish(timeout=START_TIMEOUT)
+    assert code == 2, stderr
+    assert "rank 1 read standard input, which mpiexec gives to rank 0 only" in stderr, stderr
+    assert not job.processes()
+
+
+@pytest.mark.mpi
+def test_stall_timeout_holds_before_the_first_compile():
+    # Rank 1 is held before it compiles anything: the meeting after rank 0's
+    # compile is a stall like any other, reported and aborted at the timeout.
+    job = Job("wrap", "-n", "2", "--stall-timeout", "5", "--on-stall", "abort",
+              SCRIPTS / "reliability_before_compile.py", "sleep", "600")
+    code, _, stderr = job.finish(timeout=START_TIMEOUT)
+    assert code == 4, stderr
+    assert "tmpi: stall: rank 0 waited" in stderr and "rank 1 has not reached it" in stderr
+    assert "reliability_before_compile.py:21" in stderr and "time.sleep" in stderr, stderr
+    assert not job.processes()
+
+
+@pytest.mark.mpi
+def test_a_relative_checkpoint_dir_stays_where_the_job_started(tmp_path):
+    # The script moves to another directory before its first checkpoint.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    job = Job("wrap", "-n", "2", "--checkpoint-dir", "ckpt", "--checkpoint-every", "2",
+              SCRIPTS / "reliability_before_compile.py", "chdir", elsewhere, cwd=tmp_path)
+    code, stdout, stderr = job.finish(timeout=START_TIMEOUT)
+    assert code == 0, stderr
+    assert "trained in %s" % elsewhere in stdout
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir())[-1] \
+        == "checkpoint-step00000006.tmpi"
+    assert not (elsewhere / "ckpt").exists()
 
 
 @pytest.mark.mpi

@@ -109,7 +109,12 @@ def test_parameter_signature_mismatch_across_ranks():
     (["--rule-option", "tau"], "must look like name=value (e.g. --rule-option tau=4)"),
     (["--stall-timeout", "-1"], "--stall-timeout must be a positive, finite number of seconds"),
     (["--stall-timeout", "soon"], "argument --stall-timeout: invalid float value"),
-    (["-n", "0"], "-n must be at least 1, not 0"),
+    (["-n", "0"], "-n must be a whole number >= 1, not '0'"),
+    (["--threads-per-rank", "0"], "--threads-per-rank must be a whole number >= 1, not '0'"),
+    (["--threads-per-rank", "-2"], "--threads-per-rank must be a whole number >= 1"),
+    (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir"),
+    (["--checkpoint-keep", "2"], "--checkpoint-keep needs --checkpoint-dir"),
+    (["--resume", "latest"], "--resume latest needs --checkpoint-dir"),
     (["--warmup-steps", "-5"], "--warmup-steps must be >= 0"),
     (["--bucket-bytes", "0"], "--bucket-bytes must be positive"),
     (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
@@ -124,9 +129,21 @@ def test_invalid_option_values_are_refused_before_launching(capsys, args, text):
     refused_here(capsys, "wrap", "-n", "2", *args, MLP, texts=[text])
 
 
-def test_resume_latest_needs_a_checkpoint_directory():
-    fails_with(tmpi("wrap", "--resume", "latest", MLP, timeout=START_TIMEOUT),
-               "--resume latest needs --checkpoint-dir")
+def test_more_ranks_than_the_machine_holds_are_refused_before_starting(capsys):
+    # 500 ranks need ~75 GB before any model: refused at once, naming the way out.
+    refused_here(capsys, "wrap", "-n", "500", MLP,
+                 texts=["-n 500 needs at least", "GB of memory here", "--oversubscribe"])
+
+
+def test_oversubscription_is_checked_against_cores_and_memory():
+    from tmpi_adapters.errors import TmpiError
+    from tmpi_adapters.launch.launcher import check_capacity
+    with pytest.raises(TmpiError, match="more than 16 ranks a core"):
+        check_capacity(40, cores=2, memory=10 ** 12)
+    with pytest.raises(TmpiError, match="needs at least 1.6 GB"):
+        check_capacity(10, cores=64, memory=10 ** 9)
+    check_capacity(40, oversubscribe=True, cores=2, memory=10 ** 9)  # forced: starts
+    check_capacity(4, cores=4, memory=10 ** 12)
 
 
 def test_missing_data_directory(tmp_path):

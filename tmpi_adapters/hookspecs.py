@@ -91,6 +91,24 @@ def tmpi_add_arguments(parser):
 
 
 @hookspec
+def tmpi_check_options(options, ranks):
+    """Refuse bad values of this plugin's options before any rank starts.
+
+    Called by ``tmpi wrap`` once the command line is read, and by the
+    decorator, so that a bad combination is one line at once instead of an
+    error after the ranks have started and imported Theano.  Raise
+    :class:`~tmpi_adapters.errors.ConfigError` with what to change.
+
+    Parameters
+    ----------
+    options : tmpi_adapters.options.Options
+        The run's options; a plugin's own are in ``options.extra[dest]``.
+    ranks : int
+        The number of ranks the run will have.
+    """
+
+
+@hookspec
 def tmpi_commands():
     """Return ``tmpi`` subcommands this plugin provides.
 

@@ -2,6 +2,8 @@
 
 ``reliability_crash.py raise STEP``   rank 1 raises an exception
 ``reliability_crash.py exit STEP``    rank 1 leaves with os._exit(0), skipping MPI's finalize
+``reliability_crash.py sysexit STEP`` rank 1 ends its script with sys.exit(3)
+``reliability_crash.py abort STEP``   rank 1 calls abort() (SIGABRT)
 """
 import os
 import sys
@@ -25,6 +27,10 @@ def load_batch(step):
             raise ValueError("batch %d of rank 1 is unreadable" % step)
         if mode == "exit":
             os._exit(0)
+        if mode == "sysexit":
+            sys.exit(3)
+        if mode == "abort":
+            os.abort()
     return np.ones((4, 3))
 
 

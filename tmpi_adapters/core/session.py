@@ -232,8 +232,11 @@ class Session:
 
     # -- output -------------------------------------------------------------------
     def print(self, *args, **kwargs):
-        """``print`` on rank 0 only (to the real stdout)."""
+        """``print`` on rank 0 only (to the real stdout), on a line of its own."""
         if self.rank == 0:
+            # A line the script left unfinished ends first (--all-ranks-output
+            # holds it until then).
+            getattr(sys.stdout, "end_partial_line", lambda: None)()
             kwargs.setdefault("flush", True)
             print(*args, **kwargs)
 

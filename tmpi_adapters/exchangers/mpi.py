@@ -447,7 +447,8 @@ class MPIExchanger(Exchanger):
                 self.lockstep.write_slots(group, envelope, None)
                 buf = group.wire
                 self.wait_for(self.comm.Iallreduce(self.MPI.IN_PLACE, buf,
-                                                   op=self.MPI.SUM).Test, "barrier", timeout)
+                                                   op=self.MPI.SUM).Test,
+                              "barrier (%s)" % envelope.describe(), timeout)
                 self.lockstep.check_slots(group, envelope, None)
 
     # -- point to point ----------------------------------------------------

@@ -17,6 +17,7 @@ yields: the rank being waited for needs the core.
 import math
 import os
 import sys
+import threading
 import time
 
 #: Seconds ranks may take to meet while starting (others may still be
@@ -29,6 +30,17 @@ _SPIN_CHECK = 256
 _YIELD_CHECK = 64
 #: Yields before a wait starts sleeping between polls.
 _YIELDS = 2000
+
+
+#: The wait each thread is in, by thread ident: what it waits for and since
+#: when (read by the watchdog, which tells a rank blocked on others from a
+#: rank at work).
+_waits = {}
+
+
+def current_wait(thread_ident):
+    """The :class:`Deadline` of the wait thread ``thread_ident`` is in, or ``None``."""
+    return _waits.get(thread_ident)
 
 
 def oversubscribed(size):
@@ -100,9 +112,16 @@ def wait_for(test, what, timeout, on_timeout, patient=True, crowded=False):
     if test():
         return
     deadline = Deadline(what, timeout, on_timeout, sys._getframe())
+    thread = threading.get_ident()
+    outer = _waits.get(thread)
+    _waits[thread] = deadline
     try:
         _poll(test, deadline, patient, crowded)
     finally:
+        if outer is None:
+            del _waits[thread]
+        else:
+            _waits[thread] = outer
         # The deadline holds this frame and the frame the deadline: without
         # this, every frame below the wait (the script's too) lived on until
         # the cyclic garbage collector ran, with its locals and open files.

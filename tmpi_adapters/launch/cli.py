@@ -24,15 +24,19 @@ def add_run_arguments(parser):
     :class:`~tmpi_adapters.options.Options`, the launcher's own, and the
     plugins' (``tmpi_add_arguments``)."""
     group = parser.add_argument_group("distribution")
-    group.add_argument("-n", "--np", dest="n", type=int, default=None,
+    group.add_argument("-n", "--np", dest="n", type=_at_least_one("-n"), default=None,
                        help="number of ranks (default 1, or the enclosing MPI job's)")
     group.add_argument("--rule-option", dest="rule_option", action="append", default=[],
                        metavar="NAME=VALUE", help="a knob of the rule, e.g. tau=4 (repeat)")
     add_option_arguments(group)
     launch = parser.add_argument_group("launching")
-    launch.add_argument("--threads-per-rank", type=int, default=None, metavar="T",
+    launch.add_argument("--threads-per-rank", type=_at_least_one("--threads-per-rank"),
+                        default=None, metavar="T",
                         help="BLAS/OpenMP threads per rank (default: the cores divided "
                              "among the ranks, at least 1; with -n 1 the libraries' own)")
+    launch.add_argument("--oversubscribe", action="store_true",
+                        help="start the ranks here even when they cannot fit this "
+                             "machine's memory, or outnumber its cores many times over")
     launch.add_argument("--mpiexec", help="the mpiexec to use (default: the one installed "
                         "with tmpi, else the first on PATH)")
     launch.add_argument("--mpiexec-arg", dest="mpiexec_args", action="append", default=[],
@@ -41,10 +45,25 @@ def add_run_arguments(parser):
     return parser
 
 
+def _at_least_one(flag):
+    """An argparse ``type``: a whole number >= 1."""
+    def whole_number(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < 1:
+            raise argparse.ArgumentTypeError("%s must be a whole number >= 1, not %r"
+                                             % (flag, text))
+        return value
+    return whole_number
+
+
 def options_from_args(namespace):
     """Build :class:`Options` from parsed arguments (plugin options go to ``extra``)."""
     values = vars(namespace)
-    launch_only = {"n", "rule_option", "threads_per_rank", "mpiexec", "mpiexec_args",
+    launch_only = {"n", "rule_option", "threads_per_rank", "oversubscribe", "mpiexec",
+                   "mpiexec_args",
                    "module", "script", "script_args", "command", "config", "handler"}
     fields = {k: v for k, v in values.items() if k in _OPTION_FIELDS}
     extra = {k: v for k, v in values.items() if k not in _OPTION_FIELDS and k not in launch_only}
@@ -116,13 +135,14 @@ def misplaced_options(rest, parser):
 def check_choices(options, n):
     """Fail before launching for unknown plugins and bad rule options."""
     from tmpi_adapters.options import resolve_knobs
-    from tmpi_adapters.pluginmanager import lookup
+    from tmpi_adapters.pluginmanager import get_plugin_manager, lookup
     if options.framework:
         lookup("frameworks", options.framework)
     rule = lookup("rules", options.rule)
     resolve_knobs(rule.name, rule.knobs, options.rule_options, max(n, 1))
     if options.exchanger:
         lookup("exchangers", options.exchanger)
+    get_plugin_manager().hook.tmpi_check_options(options=options, ranks=max(n, 1))
 
 
 def wrap_parser():
@@ -160,12 +180,11 @@ def cmd_wrap(argv):
                             "theano, keras, lasagne, blocks); pass --framework."
                             % _describe_target(target))
     n = 1 if namespace.n is None else namespace.n
-    if n < 1:
-        raise TmpiError("-n must be at least 1, not %d." % n)
     check_choices(options, n)
     code = launch(target, rest, options, n=n, mpiexec=namespace.mpiexec,
                   mpiexec_args=namespace.mpiexec_args,
-                  threads_per_rank=namespace.threads_per_rank)
+                  threads_per_rank=namespace.threads_per_rank,
+                  oversubscribe=namespace.oversubscribe)
     misplaced = misplaced_options(rest, parser) if code == 2 else []
     if misplaced:
         # Exit status 2 is argparse's "bad arguments": most likely tmpi's

@@ -11,6 +11,7 @@ on SIGINT and SIGTERM; those a SIGKILL left are swept away by the next launch.
 import contextlib
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -24,8 +25,8 @@ from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.options import OPTIONS_ENV
 from tmpi_adapters.launch.jobdir import (JOB_DIR_PREFIX, belongs_to_job, claim_job_dir,
                                          has_mark, process_alive, read_ranks, sweep_job_dirs)
-from tmpi_adapters.launch.runtime import (JOB_DIR_ENV, as_target, find_module, rank_file,
-                                          target_argv)
+from tmpi_adapters.launch.runtime import (JOB_DIR_ENV, RELAY_FILE, as_target, find_module,
+                                          rank_file, target_argv)
 from tmpi_adapters.launch.threads import THREAD_ENV, default_threads, limit_blas_threads
 
 #: Environment variables set by MPI launchers in each rank they start.
@@ -228,6 +229,78 @@ def signals_ignored():
     return handled((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), signal.SIG_IGN)
 
 
+# ------------------------------------------------------------------ the relay
+
+class OutputRelay:
+    """With ``--all-ranks-output``: every rank of this machine writes its
+    stdout and stderr to pipes of its own in the job directory, and the
+    launcher writes them out as whole lines, each prefixed ``[rank N]``.
+
+    Through ``mpiexec`` ranks' lines interleave mid-line once they pass its
+    64 KiB pieces, and output below Python (C code, ``sys.stdout.buffer``)
+    could not be prefixed.  Ranks on other machines find no pipe and
+    prefix their own lines (:func:`~tmpi_adapters.launch.runtime.route_output`).
+    """
+
+    #: Seconds the relay waits, once the job has ended, for the last bytes.
+    DRAIN_SECONDS = 2.0
+
+    def __init__(self, directory, n):
+        self.reports_seen = set()  # "tmpi: ..." lines relayed (see JobWatch)
+        self.streams = {}  # read end -> [rank, sink, partial line]
+        self._held = []    # write ends of our own: no end of file before a rank opens its own
+        for rank in range(n):
+            for name, sink in (("stdout", sys.stdout.buffer), ("stderr", sys.stderr.buffer)):
+                path = rank_file(directory, rank, RELAY_FILE % name)
+                os.mkfifo(path, 0o600)
+                self.streams[os.open(path, os.O_RDONLY | os.O_NONBLOCK)] = [rank, sink, b""]
+                self._held.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+    def run(self, stop):
+        """Relay until ``stop`` is set, then what the ranks left in the pipes."""
+        while not stop.is_set():
+            self._relay(0.1)
+        for fd in self._held:
+            os.close(fd)
+        deadline = time.monotonic() + self.DRAIN_SECONDS
+        while self.streams and time.monotonic() < deadline:
+            self._relay(0.05)
+        for fd in list(self.streams):
+            self._close(fd)
+
+    def _relay(self, timeout):
+        ready, _, _ = select.select(list(self.streams), [], [], timeout)
+        for fd in ready:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not data:
+                self._close(fd)
+                continue
+            stream = self.streams[fd]
+            pending = stream[2] + data
+            cut = pending.rfind(b"\n") + 1
+            stream[2] = pending[cut:]
+            if cut:
+                self._write(stream, pending[:cut - 1].split(b"\n"))
+
+    def _write(self, stream, lines):
+        rank, sink, _ = stream
+        prefix = b"[rank %d] " % rank
+        for line in lines:
+            if line.startswith(b"tmpi: "):
+                self.reports_seen.add(line.strip())
+        sink.write(b"".join(prefix + line + b"\n" for line in lines))
+        sink.flush()
+
+    def _close(self, fd):
+        stream = self.streams.pop(fd)
+        if stream[2]:  # a last line without its end
+            self._write(stream, [stream[2]])
+        os.close(fd)
+
+
 # ------------------------------------------------------------------ the watch
 
 class JobWatch:
@@ -243,7 +316,7 @@ class JobWatch:
         The number of ranks.
     """
 
-    def __init__(self, process, directory, n, poll=0.25):
+    def __init__(self, process, directory, n, poll=0.25, relay=None):
         self.process = process
         self.directory = directory
         self.n = n
@@ -254,13 +327,20 @@ class JobWatch:
         self.vanished = None     # (RankInfo, seconds) of a rank gone without a word
         self.interrupted = None  # the signal that stopped the launcher
         self._gone_since = {}
-        self.reports_seen = set()  # "tmpi: ..." lines the ranks' stderr carried
+        self._opened = set()       # ranks whose end is watched (a pidfd was opened)
+        #: The ranks of this machine as they ended, in groups seen at once.
+        self.ended = []
+        # "tmpi: ..." lines the ranks' stderr carried
+        self.reports_seen = relay.reports_seen if relay is not None else set()
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._pump_stdout, daemon=True),
             threading.Thread(target=self._pump_stderr, daemon=True),
             threading.Thread(target=self._watch, daemon=True),
         ]
+        if relay is not None:
+            self._threads.append(threading.Thread(target=relay.run, args=(self._stop,),
+                                                  daemon=True))
 
     def start(self):
         for thread in self._threads:
@@ -348,23 +428,58 @@ class JobWatch:
 
         A rank that fails reports and aborts the job, and ``mpiexec`` ends a
         job whose rank dies of a signal; a rank that simply vanishes (exit
-        without finalizing MPI, a launcher that waits) is caught here.
+        without finalizing MPI, a launcher that waits) is caught here.  The
+        order in which this machine's ranks end is noted as it happens
+        (:attr:`ended`): when ``mpiexec`` stops the others after one rank
+        left, the first is the one to name.
         """
-        while not self._stop.wait(self.poll):
-            if self.process.poll() is not None:
-                return
-            now = time.monotonic()
-            for info in read_ranks(self.directory).values():
-                if info.host not in (None, self.host) or self._finished(info.rank):
-                    continue
-                if process_alive(info.pid):
-                    self._gone_since.pop(info.rank, None)
-                    continue
-                since = self._gone_since.setdefault(info.rank, now)
-                if now - since >= VANISHED_GRACE and self.vanished is None:
-                    self.vanished = (info, now - since)
-                    self.stop_job()
+        watched = {}  # pidfd -> rank, while the rank lives
+        try:
+            while not self._stop.is_set():
+                self._note_ends(watched)
+                if self.process.poll() is not None:
                     return
+                self._check_vanished()
+        finally:
+            for fd in watched:
+                os.close(fd)
+
+    def _note_ends(self, watched):
+        """Wait up to :attr:`poll` seconds for ranks to end, noting which did."""
+        for info in read_ranks(self.directory).values():
+            if info.rank in self._opened or info.host not in (None, self.host):
+                continue
+            self._opened.add(info.rank)
+            try:
+                watched[os.pidfd_open(info.pid)] = info.rank
+            except (AttributeError, OSError):
+                pass  # no pidfds (old kernel), or already gone: the order stays unknown
+        if not watched:
+            self._stop.wait(self.poll)
+            return
+        ready, _, _ = select.select(list(watched), [], [], self.poll)
+        if ready:
+            self.ended.append(sorted(watched[fd] for fd in ready))
+        for fd in ready:
+            del watched[fd]
+            os.close(fd)
+
+    def _check_vanished(self):
+        """Stop the job when a rank here has been gone :data:`VANISHED_GRACE`
+        seconds without reporting (``mpiexec`` usually ends it at once)."""
+        now = time.monotonic()
+        for info in read_ranks(self.directory).values():
+            if info.host not in (None, self.host) or self._finished(info.rank):
+                continue
+            if process_alive(info.pid):
+                self._gone_since.pop(info.rank, None)
+                continue
+            since = self._gone_since.setdefault(info.rank, now)
+            if now - since >= VANISHED_GRACE and self.vanished is None:
+                self.vanished = (info, now - since)
+                self.stop_job()
+                self._stop.set()
+                return
 
     def _finished(self, rank):
         return any(has_mark(self.directory, rank, kind) for kind in ("done", "exit", "failed"))
@@ -413,7 +528,7 @@ class JobWatch:
         by_pid = {info.pid: info for info in ranks.values()}
         failed = [r for r in ranks if has_mark(self.directory, r, "failed")]
         exits = self.exit_statuses(ranks)
-        messages = []
+        messages, signalled = [], None
         # Terminations tmpi caused itself while stopping a job say nothing
         # new, nor does the end of a rank whose script chose its exit status.
         terminations = [] if self.vanished is not None else [
@@ -421,6 +536,12 @@ class JobWatch:
         for pid, host, exit_code, exit_string in terminations:
             messages.append(self._describe_termination(by_pid.get(pid), pid, host,
                                                        exit_code, exit_string))
+            number = _signal_number(exit_string)
+            if number and not signalled:
+                # As a shell reports a process a signal ended: 128 + its
+                # number (mpiexec gives the bare number, which would read as
+                # one of tmpi's own statuses: 6 for SIGABRT).
+                signalled = code = 128 + number
         if self.vanished is not None:
             info, _ = self.vanished
             messages.append("tmpi: rank %d (pid %d) is gone without reporting an error "
@@ -428,6 +549,11 @@ class JobWatch:
                             "was stopped.%s" % (info.rank, info.pid,
                                                 self._tail(info.rank)))
             code = code or 1
+        if code < 0:
+            messages.append("tmpi: %s (pid %d) was killed by %s; the job's ranks were "
+                            "stopped." % (os.path.basename(self.process.args[0]),
+                                          self.process.pid, describe_signal(-code)))
+            code = 128 - code
         lost = self._lost_report(failed)
         if lost:
             messages.append(lost)
@@ -446,7 +572,14 @@ class JobWatch:
         if not messages and code == 0 and not failed:
             unfinished = sorted(r for r in ranks if not self._finished(r)
                                 and ranks[r].host in (None, self.host))
-            if unfinished:
+            first = [r for r in (self.ended[0] if self.ended else []) if r in unfinished]
+            if len(first) == 1:
+                messages.append("tmpi: rank %d (pid %d) left without finishing the script "
+                                "or finalizing MPI (os._exit, or a library that ended the "
+                                "process); mpiexec stopped the other ranks.%s"
+                                % (first[0], ranks[first[0]].pid, self._tail(first[0])))
+                code = 1
+            elif unfinished:
                 messages.append("tmpi: the job ended with status 0, but rank(s) %s did not "
                                 "finish the script: one of them exited without finalizing "
                                 "MPI (e.g. os._exit) and mpiexec stopped the others."
@@ -488,9 +621,9 @@ class JobWatch:
     def _describe_termination(self, info, pid, host, exit_code, exit_string):
         who = "rank %d (pid %d on %s)" % (info.rank, pid, host) if info else \
               "a process of the job (pid %d on %s)" % (pid, host)
-        number = re.search(r"signal (\d+)", exit_string or "")
+        number = _signal_number(exit_string)
         if number:
-            how = "was killed by %s" % describe_signal(int(number.group(1)))
+            how = "was killed by %s" % describe_signal(number)
         else:
             how = "exited with status %s without finishing" % exit_code
         tail = self._tail(info.rank) if info else ""
@@ -501,8 +634,58 @@ class JobWatch:
         return ("\n  last lines of rank %d's stderr:\n%s" % (rank, tail)) if tail else ""
 
 
+def _signal_number(exit_string):
+    """The signal that ended a process, from ``mpiexec``'s exit string, or ``None``."""
+    number = re.search(r"signal (\d+)", exit_string or "")
+    return int(number.group(1)) if number else None
+
+
+#: The memory a rank takes before the script's model (Python, numpy, Theano,
+#: MPI and tmpi imported; about 140 MB measured), for :func:`check_capacity`.
+RANK_MEMORY = 150 * 2 ** 20
+#: Ranks per core beyond which a job cannot start in reasonable time here.
+MOST_RANKS_PER_CORE = 16
+
+
+def available_memory():
+    """Bytes of memory available to new processes here (Linux), or ``None``."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_capacity(n, oversubscribe=False, cores=None, memory=None):
+    """Refuse ``n`` ranks this machine cannot hold (``oversubscribe`` starts
+    them anyway); say once when they outnumber its cores."""
+    cores = cores or os.cpu_count() or 1
+    memory = available_memory() if memory is None else memory
+    if not oversubscribe:
+        need = n * RANK_MEMORY
+        if memory and need > memory:
+            raise TmpiError(
+                "-n %d needs at least %.1f GB of memory here (about %d MB a rank before "
+                "the model) and %.1f GB is available. Use fewer ranks, or spread them over "
+                "machines (your scheduler's allocation, or --mpiexec-arg=-hosts ...); "
+                "--oversubscribe starts them anyway." % (
+                    n, need / 1e9, RANK_MEMORY // 2 ** 20, memory / 1e9))
+        if n > MOST_RANKS_PER_CORE * cores:
+            raise TmpiError(
+                "-n %d on %d core(s): more than %d ranks a core cannot start in reasonable "
+                "time. Use fewer ranks, or spread them over machines; --oversubscribe "
+                "starts them anyway." % (n, cores, MOST_RANKS_PER_CORE))
+    if n > cores:
+        sys.stderr.write("tmpi: note: %d ranks share %d core(s) here: they take turns, so "
+                         "the job runs no faster than on %d rank(s).\n" % (n, cores, cores))
+        sys.stderr.flush()
+
+
 def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
-           threads_per_rank=None):
+           threads_per_rank=None, oversubscribe=False):
     """Run a script (a path) or module (``("module", name)``) on ``n`` ranks;
     return the job's exit status (the script's own when it calls ``sys.exit``).
 
@@ -510,7 +693,8 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
     wrap ...``) or with ``n == 1`` the current process becomes the rank.
     ``threads_per_rank`` sets the BLAS/OpenMP threads of each rank; by
     default ranks tmpi starts share the cores (:func:`default_threads`), and
-    a rank tmpi did not start keeps what it has.
+    a rank tmpi did not start keeps what it has.  Ranks that cannot fit this
+    machine are refused unless ``oversubscribe`` (:func:`check_capacity`).
     """
     target = as_target(target)
     check_target(target)
@@ -528,6 +712,8 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
         except SystemExit as exit_:
             return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         return 0
+    if not mpiexec_args:  # with launcher arguments the ranks may run elsewhere
+        check_capacity(n, oversubscribe)
     env = rank_environment(options, threads_per_rank, n)
     command = [find_mpiexec(mpiexec), "-n", str(n)] + list(mpiexec_args) + [
         sys.executable, "-m", "tmpi_adapters.launch.runtime"] + target_argv(target) + \
@@ -538,6 +724,12 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
         env[JOB_DIR_ENV] = directory
         env[LAUNCHER_PID_ENV] = str(os.getpid())
         env[LAUNCHER_HOST_ENV] = socket.gethostname()
+        relay = None
+        if options.all_ranks_output:
+            try:
+                relay = OutputRelay(directory, n)
+            except OSError:
+                relay = None  # no pipes here: the ranks prefix their own lines
         try:
             process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE,
@@ -545,4 +737,4 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
         except OSError as exc:
             raise TmpiError("could not start %s: %s. Check --mpiexec, or install the "
                             "mpich wheel (pip install mpich)." % (command[0], exc))
-        return JobWatch(process, directory, n).start().wait()
+        return JobWatch(process, directory, n, relay=relay).start().wait()

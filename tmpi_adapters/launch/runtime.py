@@ -6,8 +6,10 @@
 ``sys.argv``, same ``sys.path``, and its exit status is the rank's.
 """
 import atexit
+import codecs
 import contextlib
 import functools
+import io
 import os
 import runpy
 import socket
@@ -76,9 +78,16 @@ def route_output(options, rank, size):
     global _report_fd
     if size == 1:
         return
+    if rank != 0:
+        refuse_stdin(rank)
     if options.all_ranks_output:
-        sys.stdout = rank_prefix_stream(sys.stdout, rank)
-        sys.stderr = rank_prefix_stream(sys.stderr, rank)
+        # Through the launcher's relay where there is one (it prefixes whole
+        # lines: mpiexec forwards output in 64 KiB pieces that interleave
+        # ranks mid-line); else through mpiexec, prefixed here.
+        relayed = _to_relay(rank)
+        prefix = "" if relayed else "[rank %d] " % rank
+        sys.stdout = rank_prefix_stream(sys.stdout, prefix)
+        sys.stderr = rank_prefix_stream(sys.stderr, prefix)
         return
     if rank == 0:
         return
@@ -99,17 +108,82 @@ def route_output(options, rank, size):
     os.close(fd)
 
 
-def rank_prefix_stream(stream, rank):
-    """Wrap a text stream so every line starts with ``[rank N]``.
+def refuse_stdin(rank):
+    """Reading standard input on a rank other than 0 is an error, not a hang.
+
+    ``mpiexec`` forwards the terminal's input to rank 0 only; the other
+    ranks' standard input is a pipe nothing ever writes to, so ``input()``
+    there would wait for ever.  Their ``sys.stdin`` raises instead, and
+    descriptor 0 reads as empty (``/dev/null``) for code below Python.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    except OSError:
+        return
+    sys.stdin = _RefusedStdin(rank)
+
+
+class _RefusedStdin(io.TextIOWrapper):
+    """``sys.stdin`` of a rank other than 0: empty, and reading it says why."""
+
+    def __init__(self, rank):
+        super().__init__(io.FileIO(0, "r", closefd=False))
+        self._rank = rank
+
+    def _refuse(self, *args, **kwargs):
+        raise TmpiError(
+            "rank %d read standard input, which mpiexec gives to rank 0 only (the other "
+            "ranks would wait for ever). Read the input on rank 0 and share it (e.g. "
+            "mpi4py's comm.bcast), or pass it as a file or an argument; each rank may "
+            "read a file." % self._rank)
+
+    read = readline = readlines = __next__ = _refuse
+
+    def __iter__(self):
+        return self
+
+
+#: The relay's pipes in the job directory, one per rank and stream.
+RELAY_FILE = "%s.relay"
+
+
+def _to_relay(rank):
+    """Send this rank's stdout and stderr (descriptors 1 and 2, so that
+    C code's output goes too) to the launcher's relay pipes, when it made
+    them on this machine; ``False`` when there are none."""
+    directory = job_dir()
+    if not directory:
+        return False
+    paths = [rank_file(directory, rank, RELAY_FILE % name) for name in ("stdout", "stderr")]
+    try:
+        fds = [os.open(path, os.O_WRONLY | os.O_NONBLOCK) for path in paths]
+    except OSError:
+        return False  # another machine, or no relay
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for target, fd in zip((1, 2), fds):
+        os.set_blocking(fd, True)  # a full pipe waits for the launcher, as a terminal does
+        os.dup2(fd, target)
+        os.close(fd)
+    return True
+
+
+def rank_prefix_stream(stream, prefix):
+    """Wrap a text stream so that it writes whole lines, each starting with
+    ``prefix`` (``"[rank N] "``, or nothing when the launcher adds it).
 
     Whole lines only: ``print(a, b)`` writes its pieces one by one, and other
     ranks' lines would land between them.  A partial line waits for its end
-    (or :func:`flush_partial_lines`, or the end of the process).
+    (or :func:`flush_partial_lines`, or the end of the process).  Bytes
+    written to its ``buffer`` (``sys.stdout.buffer``) are lines too.
     """
 
     class Prefixed:
         def __init__(self):
             self._partial = ""
+            self.buffer = _LinesOfBytes(self, getattr(stream, "buffer", None))
 
         def write(self, text):
             pending = self._partial + text
@@ -117,14 +191,14 @@ def rank_prefix_stream(stream, rank):
             self._partial = pending[cut:]
             if cut:
                 lines = pending[:cut - 1].split("\n")
-                stream.write("".join("[rank %d] %s\n" % (rank, line) for line in lines))
+                stream.write("".join("%s%s\n" % (prefix, line) for line in lines))
                 stream.flush()
             return len(text)
 
         def end_partial_line(self):
             if self._partial:
                 partial, self._partial = self._partial, ""
-                stream.write("[rank %d] %s\n" % (rank, partial))
+                stream.write("%s%s\n" % (prefix, partial))
                 stream.flush()
 
         def __getattr__(self, name):
@@ -133,6 +207,25 @@ def rank_prefix_stream(stream, rank):
     prefixed = Prefixed()
     _prefixed.append(prefixed)
     return prefixed
+
+
+class _LinesOfBytes:
+    """The ``buffer`` of a :func:`rank_prefix_stream`: bytes decoded into it."""
+
+    def __init__(self, text, raw):
+        self._text, self._raw = text, raw
+        self._decoder = codecs.getincrementaldecoder(
+            getattr(text, "encoding", None) or "utf-8")("replace")
+
+    def write(self, data):
+        self._text.write(self._decoder.decode(bytes(data)))
+        return len(data)
+
+    def flush(self):
+        self._text.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._raw, name)
 
 
 #: Streams made by :func:`rank_prefix_stream` (their partial lines are
@@ -159,12 +252,15 @@ def report(text):
         pass
 
 
-#: Where installed libraries and the standard library live: their frames are
-#: summarised in failure reports, so the traceback shows the user's code.
+#: tmpi's own package (installed, or an editable checkout's).
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+
+#: Where installed libraries, tmpi and the standard library live: their
+#: frames are summarised in failure reports, so the traceback shows the
+#: user's code.
 _LIBRARY_DIRS = tuple(sorted({os.path.realpath(p) + os.sep for p in (
     sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"),
-    sysconfig.get_paths().get("stdlib"), os.path.dirname(os.path.abspath(__file__)))
-    if p}))
+    sysconfig.get_paths().get("stdlib"), _PACKAGE_DIR) if p}))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -199,7 +295,7 @@ def user_traceback(error):
 
 def _library_name(filename):
     real = os.path.realpath(filename)
-    if real.startswith(os.path.dirname(os.path.realpath(__file__)) + os.sep):
+    if real.startswith(_PACKAGE_DIR + os.sep):
         return "tmpi"
     for prefix in _LIBRARY_DIRS:
         if real.startswith(prefix):
@@ -439,18 +535,15 @@ def as_python_runs(target, args):
 
 
 def exit_status(code):
-    """The process status ``sys.exit(code)`` gives; a message is printed as Python does."""
+    """The process status ``sys.exit(code)`` gives (a message is status 1)."""
     if code is None:
         return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr, flush=True)
-    return 1
+    return code if isinstance(code, int) else 1
 
 
 def run_target(target):
     """Run ``target`` as ``__main__`` (inside :func:`as_python_runs`); returns
-    its exit status: 0 when it returned, its ``sys.exit`` status otherwise."""
+    ``None`` when it returned, the ``SystemExit`` that ended it otherwise."""
     kind, name = as_target(target)
     try:
         if kind == "module":
@@ -458,15 +551,8 @@ def run_target(target):
         else:
             runpy.run_path(os.path.abspath(name), run_name="__main__")
     except SystemExit as exit_:
-        return exit_status(exit_.code)
-    return 0
-
-
-def run_script(script, args, session=None):
-    """Run ``script`` (a path, or ``("module", name)``) with ``args`` as
-    ``python`` would; returns its exit status."""
-    with as_python_runs(script, args):
-        return run_target(script)
+        return exit_
+    return None
 
 
 def parse_argv(argv):
@@ -495,13 +581,16 @@ def main(argv=None):
         from tmpi_adapters.core.session import Session
         with as_python_runs(target, args):  # until the final checkpoint is written
             session = Session(options, script=target_file(target)).start()
-            code = run_target(target)
+            ended = run_target(target)
+            code = 0 if ended is None else exit_status(ended.code)
+            if ended is not None and not isinstance(ended.code, (int, type(None))):
+                print(ended.code, file=sys.stderr, flush=True)  # as python does
             if code == 0:
                 session.finish()
             else:
                 # A deliberate exit (pytest's status, argparse's 2): the
                 # script's status, no failure report, no end-of-run exchanges.
-                finish_after_failure(session, SystemExit(code))
+                finish_after_failure(session, ended)
     except BaseException as error:  # noqa: B902 - every failure must end the job
         end_after_failure(session, error, rank, size)
     mark(rank, "done" if code == 0 else "exit", str(code))

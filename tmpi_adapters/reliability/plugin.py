@@ -19,6 +19,7 @@ and :mod:`~tmpi_adapters.launch.launcher`.
 """
 import argparse
 import dataclasses
+import os
 
 from tmpi_adapters.errors import ConfigError
 from tmpi_adapters.pluginmanager import hookimpl
@@ -47,12 +48,13 @@ class Settings:
         """Read ``options.extra`` (command-line strings or decorator values)."""
         extra = extra or {}
         settings = cls(
-            checkpoint_dir=extra.get("checkpoint_dir") or None,
+            checkpoint_dir=_absolute(extra.get("checkpoint_dir")),
             checkpoint_every=(parse_every(extra["checkpoint_every"])
                               if extra.get("checkpoint_every") else None),
             checkpoint_keep=_positive_int("--checkpoint-keep",
                                           extra.get("checkpoint_keep") or 3),
-            resume=extra.get("resume") or None,
+            resume=(extra.get("resume") if extra.get("resume") in ("latest", "auto")
+                    else _absolute(extra.get("resume"))),
             allow_new_arguments=bool(extra.get("allow_new_arguments")),
             on_stall=_choice("--on-stall", extra.get("on_stall") or "report", ON_STALL),
             nonfinite=_choice("--nonfinite", extra.get("nonfinite") or "off", NONFINITE),
@@ -70,6 +72,13 @@ class Settings:
     @property
     def checkpointing(self):
         return bool(self.checkpoint_dir)
+
+
+def _absolute(path):
+    """A path option made absolute when the run starts, before the script
+    runs: a script that changes its working directory (``os.chdir``) must
+    not move the checkpoints elsewhere halfway through."""
+    return os.path.abspath(os.path.expanduser(path)) if path else None
 
 
 def _choice(flag, value, choices):
@@ -133,6 +142,11 @@ def tmpi_add_arguments(parser):
                             "(default: the script's own checks, such as Keras's "
                             "TerminateOnNaN, act as without tmpi), stop the job (the last "
                             "good checkpoint stays), or skip the step")
+
+
+@hookimpl
+def tmpi_check_options(options, ranks):
+    Settings.from_extra(options.extra)
 
 
 class Reliability:
@@ -211,7 +225,23 @@ class Reliability:
                 if piece is not None and pm.is_registered(piece):
                     pm.unregister(piece)
             if self.watchdog is not None:
-                self.watchdog.stop(together=failed is None)
+                self.watchdog.stop(together=failed is None, leaving=_leaving(error))
+
+
+def _leaving(error):
+    """``(status, where)`` when the script ended this rank with a non-zero
+    ``sys.exit`` (the others may still be training), else ``None``."""
+    if not isinstance(error, SystemExit):
+        return None
+    from tmpi_adapters.launch.runtime import exit_status
+    from tmpi_adapters.reliability.watchdog import where_in_script
+    status = exit_status(error.code)
+    if not status:
+        return None
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return status, where_in_script(tb.tb_frame) if tb is not None else None
 
 
 @hookimpl

@@ -26,7 +26,7 @@ import threading
 import time
 
 from tmpi_adapters.errors import StallError
-from tmpi_adapters.exchangers.waiting import oversubscribed, wait_for
+from tmpi_adapters.exchangers.waiting import current_wait, oversubscribed, wait_for
 from tmpi_adapters.pluginmanager import hookimpl
 
 #: The tag of heartbeat messages on the watchdog's own communicator.
@@ -90,12 +90,14 @@ def describe_status(status, now, interval):
         text = "finished the script %s, waiting for the others to finish" % after
     elif status["phase"] == "finished":
         text = "finished"
+    elif status["phase"] == "exited":
+        text = "ended the script with status %s %s" % (status["code"], after)
     else:
         text = "running the script %s" % after
     if status.get("where"):
         text += ", at %s" % status["where"]
     age = now - status["time"]
-    if age > 3 * interval + 1:
+    if age > 3 * interval + 1 and status["phase"] != "exited":
         text += " (last heard %.0f s ago: busy inside compiled code, or gone)" % age
     return text
 
@@ -104,7 +106,8 @@ def missing_ranks(statuses, reporter):
     """Ranks that have not reached the collective ``reporter`` is stalled in.
 
     In a training step: ranks not in the same step of the same training
-    function.  Elsewhere (finishing, a barrier): ranks in another phase.
+    function.  Elsewhere (finishing, a meeting while compiling): ranks in
+    another phase, or in the same one but not waiting for the others.
     Ranks never heard from are missing too.
     """
     mine = statuses[reporter]
@@ -116,7 +119,9 @@ def missing_ranks(statuses, reporter):
             if not (status["phase"] == "step" and status.get("model") == mine.get("model")
                     and status.get("step") == mine.get("step")):
                 missing.append(rank)
-        elif status["phase"] != mine["phase"]:
+        elif status["phase"] != mine["phase"] or (
+                rank != reporter and not status.get("stall")
+                and status.get("waiting") is None):
             missing.append(rank)
     return missing
 
@@ -182,6 +187,7 @@ class Watchdog:
         self.phase = "script"
         self.last_step = (None, 0)
         self.stall = None              # {"what", "since", "frame"} while stalled
+        self.leaving = None            # (status, where) once the script chose to exit
         self.statuses = {}             # rank -> latest status received
         self.comm = None
         self._main = threading.main_thread().ident
@@ -212,16 +218,24 @@ class Watchdog:
             self._thread.start()
         return self
 
-    def stop(self, together=False):
+    def stop(self, together=False, leaving=None):
         """Stop the thread.
 
         With ``together`` (every rank is ending normally) the ranks then wait
         for each other and take in the last heartbeats, so none is left in
         flight when MPI finalizes; after a failure nothing waits for anyone.
+        ``leaving``, ``(status, where)``: the script ended this rank with a
+        non-zero ``sys.exit`` while the others may go on; a last heartbeat
+        tells them, so a rank that waits for this one ends the job at once
+        (see :meth:`_check_departed`) instead of waiting for ever.
         """
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5 * self.interval + 1)
+        if self.comm is not None and leaving is not None:
+            self.leaving = leaving
+            self.phase = "exited"
+            self._send(self.status())
         self.phase = "finished"
         if self.comm is None:
             return
@@ -283,7 +297,9 @@ class Watchdog:
         stall = self.stall
         if stall is not None and not frame_on_stack(stall["frame"], top):
             stall = self.stall = None
-        if stepping is not None:
+        if self.phase == "exited":
+            phase, (model, step) = self.phase, self.last_step
+        elif stepping is not None:
             phase, model, step = "step", stepping.name, stepping.step
         else:
             phase, (model, step) = self.phase, self.last_step
@@ -292,14 +308,20 @@ class Watchdog:
         now = time.time()
         lockstep = session.exchanger.lockstep
         collective = dict(lockstep.current) if lockstep and lockstep.current else None
-        return {
+        wait = current_wait(self._main)
+        status = {
             "rank": self.rank, "host": self.host, "pid": os.getpid(), "time": now,
             "phase": phase, "model": model, "step": step, "collective": collective,
             "stall": None if stall is None else {"what": stall["what"],
                                                  "waited": now - stall["since"]},
             "reported": self._last_report is not None and stall is not None,
             "where": where_in_script(top) if top is not None else None,
+            # Seconds the main thread has been waiting for other ranks.
+            "waiting": None if wait is None else time.perf_counter() - wait.start,
         }
+        if self.leaving is not None:
+            status["code"], status["where"] = self.leaving
+        return status
 
     def _run(self):
         try:
@@ -319,6 +341,7 @@ class Watchdog:
             self._receive()
         if self.launcher and not self._launcher_alive():
             self._launcher_gone()
+        self._check_departed(mine)
         self._check_lockstep(mine)
         if mine["stall"] is None:
             self._last_report = None
@@ -406,6 +429,43 @@ class Watchdog:
         report(text)
         mark(self.rank, "failed", text)
         self._abort(LockstepError.exit_code)
+
+    def _check_departed(self, mine):
+        """End the job when this rank waits for others and one of them has
+        left: its script ended with a non-zero ``sys.exit`` (its last
+        heartbeat says so) and it will never reach another collective.
+
+        Ranks still at work are left alone (all ranks may be exiting the
+        same way); they end the job once they wait.  The lowest rank still
+        running reports; the job ends with the departed rank's status.
+        """
+        departed = {r: s for r, s in self.statuses.items()
+                    if r != self.rank and s and s["phase"] == "exited"}
+        if not departed or mine.get("waiting") is None or mine["waiting"] < self.interval:
+            return
+        first = min(departed)
+        left = departed[first]
+        wait = current_wait(self._main)
+        what = wait.what if wait is not None and isinstance(wait.what, str) else "a collective"
+        status = dict(mine, stall={"what": what, "waited": mine["waiting"]})
+        lines = ["tmpi: rank %d ended its script with status %s (sys.exit) while %s "
+                 "went on; no rank can take part in a collective with it, so the job "
+                 "was ended with that status." % (
+                     first, left["code"], format_ranks(
+                         [r for r in range(self.size) if r not in departed]))]
+        statuses = {r: self.statuses.get(r) for r in range(self.size)}
+        statuses[self.rank] = status
+        for rank in sorted(statuses):
+            lines.append("  rank %d: %s" % (rank, describe_status(
+                statuses[rank], time.time(), self.interval)))
+        text = "\n".join(lines)
+        from tmpi_adapters.launch.runtime import mark, report
+        running = [r for r in range(self.size) if r not in departed]
+        if self.rank == min(running):
+            report(text)
+        mark(self.rank, "failed", text)
+        code = left["code"] if isinstance(left["code"], int) and 0 < left["code"] < 256 else 1
+        self._abort(code)
 
     # -- the launching process ------------------------------------------------------------
     def _launcher_to_watch(self):

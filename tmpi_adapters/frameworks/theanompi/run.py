@@ -148,7 +148,8 @@ def cmd_run(argv):
         driver_args += ["--epochs", str(args.epochs)]
     from tmpi_adapters.launch.launcher import launch
     return launch(DRIVER, driver_args, options, n=n, mpiexec=args.mpiexec,
-                  mpiexec_args=args.mpiexec_args, threads_per_rank=args.threads_per_rank)
+                  mpiexec_args=args.mpiexec_args, threads_per_rank=args.threads_per_rank,
+                  oversubscribe=args.oversubscribe)
 
 
 class TheanoMPIRule:

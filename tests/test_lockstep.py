@@ -32,7 +32,10 @@ def no_rank_left():
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode, ranks_said", [
     ("swapped", ["rank 0: the identical start of A#0", "rank 1: the identical start of B#1"]),
-    ("uneven", ["rank 0: A#0 call 10 (32 rows)", "rank 1: finished the script after 9"]),
+    # Each rank's own shard: other data in the very first step, long before
+    # rank 1 runs out of batches.
+    ("uneven", ["they were handed different batches", "rank 0: A#0 call 1 (32 rows), data #",
+                "rank 1: A#0 call 1 (32 rows), data #"]),
     ("break", ["rank 0: A#0 call 5 (32 rows)", "rank 1: finished the script after 4"]),
     ("exit", ["rank 0: A#0 call 5 (32 rows)", "rank 1: finished the script after 4"]),
     ("caught", ["rank 0: A#0 call 5 (32 rows)", "rank 1: A#0 call 6 (32 rows)"]),
@@ -82,3 +85,20 @@ def test_start_up_has_a_deadline():
     assert result.returncode == 4, result.stdout + result.stderr
     assert "ranks started within" in result.stderr, result.stderr
     assert seconds < BOUND_S
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("style", ["args", "givens"])
+def test_ranks_handed_different_batches_of_the_same_shape_end_the_job(style):
+    # Each rank loads its own rows: splitting them again would silently drop
+    # half of every rank's data.
+    script = SCRIPTS / "sharded_data.py"
+    result = tmpi("wrap", "-n", "2", script, style, timeout=120)
+    assert result.returncode == 7, result.stderr
+    assert "they were handed different batches (rank 0: train#0 call 1 (16 rows), data #" \
+        in result.stderr, result.stderr
+    assert "run with --scaling weak" in result.stderr
+    # The same data on every rank, or each rank's own under weak scaling, trains.
+    for options, args in (((), ("same",)), (("--scaling", "weak"), ())):
+        result = tmpi("wrap", "-n", "2", *options, script, style, *args, timeout=120)
+        assert result.returncode == 0 and "final W" in result.stdout, result.stderr

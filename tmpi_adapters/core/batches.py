@@ -15,9 +15,14 @@ one batch axis per value (``None``: the value carries no batch), in the same
 structure as the values (a list, or a dict for keyword arguments); without
 them every array's batch axis is 0.
 """
+import zlib
+
 import numpy as np
 
 from tmpi_adapters.errors import ConfigError
+
+#: Elements of each array a batch's fingerprint reads (:func:`fingerprint`).
+FINGERPRINT_SAMPLES = 512
 
 
 def split_bounds(rows, rank, size):
@@ -118,3 +123,31 @@ def check_ranks_vs_rows(rows, size, name):
             "%s was called with a batch of %d rows on %d ranks: each rank needs at least one "
             "row. Use fewer ranks (-n %d) or a larger batch, or --scaling weak so that each "
             "rank takes whole batches." % (name, rows, size, max(rows, 1)))
+
+
+def fingerprinted(call):
+    """True for the calls whose batch is fingerprinted: the first ones, then
+    ever more rarely (calls 1, 2, 4, 8, ... and every 64th)."""
+    return call & (call - 1) == 0 or call % 64 == 0
+
+
+def fingerprint(values):
+    """A cheap digest of a batch's contents, ``0 <= fingerprint < 2**24``.
+
+    Every rank is handed the same global batch and takes its own rows of it;
+    ranks handed *different* batches of the same shape (a script that shards
+    its data by rank itself) would each keep part of their own batch and
+    silently drop the rest.  Ranks compare this digest in the step's envelope.
+    It reads at most :data:`FINGERPRINT_SAMPLES` evenly spaced elements of
+    each array (microseconds), so a difference elsewhere can go unseen in
+    one call; the batches of later calls are sampled at other positions.
+    """
+    digest = 0
+    for value in values:
+        if not isinstance(value, np.ndarray) or value.size == 0 or value.dtype.hasobject:
+            continue
+        step = max(1, value.size // FINGERPRINT_SAMPLES)
+        sample = value.flat[step // 2::step][:FINGERPRINT_SAMPLES]
+        digest = zlib.crc32(("%s%s" % (value.dtype.str, value.shape)).encode(), digest)
+        digest = zlib.crc32(np.ascontiguousarray(sample).view(np.uint8), digest)
+    return digest & 0xFFFFFF

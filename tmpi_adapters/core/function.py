@@ -20,7 +20,7 @@ import itertools
 
 import numpy as np
 
-from tmpi_adapters.core.batches import batch_rows, local_share
+from tmpi_adapters.core.batches import batch_rows, fingerprint, fingerprinted, local_share
 from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.pluginmanager import hookimpl
@@ -167,12 +167,15 @@ class DistributedFunction:
             if self._first_split is not None:
                 self.fn = self._first_split(rows) or self.fn
         lo, hi, weight, total = local_share(rows, session.rank, session.size)
+        # Weak scaling's ranks may hold data of their own (their first call is split too).
+        data = self._fingerprint(args, kwargs, bounds) \
+            if mode == "rows" and fingerprinted(self.calls) else None
         local_args, local_kwargs = self._local_call(args, kwargs, rows, bounds, lo, hi)
         try:
             # An empty batch is one row's worth of weight for rank 0 (the
             # envelope's rows and the exchange's total).
             return self._step(local_args, local_kwargs, weight=weight, rows=hi - lo,
-                              batch=total)
+                              batch=total, data=data)
         except (TmpiError, KeyboardInterrupt):
             raise
         except Exception as error:
@@ -195,13 +198,20 @@ class DistributedFunction:
             self._local_call(args, kwargs, rows, bounds, 0, rows)
         return self._step(args, kwargs, weight=rows or 1, rows=rows)
 
-    def _step(self, args, kwargs, weight, rows, batch=None):
+    def _fingerprint(self, args, kwargs, bounds):
+        """The fingerprint of a call's global batch (every rank must have the same)."""
+        if self.plan is None:
+            return fingerprint(list(args) + list(kwargs.values()))
+        return fingerprint(self.plan.batch_values(args, kwargs, bounds))
+
+    def _step(self, args, kwargs, weight, rows, batch=None, data=None):
         """One step on this rank's ``rows`` rows (``weight``: what they count
         for); ``batch`` is the global batch's rows when every rank was handed
-        the same batch (the envelope checks that they agree)."""
+        the same batch, and ``data`` its fingerprint (the envelope checks
+        that they agree)."""
         session = self.session
         self.last_weight = weight
-        session.begin_step(self.model, weight, call=self.calls, rows=batch)
+        session.begin_step(self.model, weight, call=self.calls, rows=batch, data=data)
         outputs = self.fn(*args, **kwargs)
         values = [outputs] if self.single_output else list(outputs or [])
         if values and self.combiner is not None:
@@ -344,6 +354,8 @@ class SplitFunction(ObservedFunction):
         self._tmpi_calls += 1
         first = self._tmpi_calls == 1
         lo, hi, weight, total = local_share(rows, session.rank, session.size)
+        data = fingerprint(plan.batch_values(args, kwargs, bounds)) \
+            if fingerprinted(self._tmpi_calls) else None
         failed = None
         try:
             if first and self._tmpi_first_split is not None:
@@ -357,7 +369,8 @@ class SplitFunction(ObservedFunction):
             failed = error
         exchanger = session.exchanger
         saved = exchanger.lockstep_envelope
-        exchanger.set_envelope(Envelope("eval", self.key, call=self._tmpi_calls, rows=total))
+        exchanger.set_envelope(Envelope("eval", self.key, call=self._tmpi_calls, rows=total,
+                                        data=data))
         try:
             if first and any(exchanger.allgather_object(failed is not None)):
                 self._tmpi_whole = True

@@ -281,17 +281,19 @@ class Session:
         self.pm.hook.tmpi_model_ready(session=self, model=model)
 
     # -- steps ----------------------------------------------------------------------
-    def begin_step(self, model, weight, call=None, rows=None):
+    def begin_step(self, model, weight, call=None, rows=None, data=None):
         """Called just before a training step runs ``weight`` rows on this rank.
 
-        ``call`` (the training function's call count) and ``rows`` (the
-        global batch's rows, when every rank shares one batch) form the
-        envelope of the step's collectives.
+        ``call`` (the training function's call count), ``rows`` (the global
+        batch's rows, when every rank shares one batch) and ``data`` (its
+        fingerprint, on some calls) form the envelope of the step's
+        collectives.
         """
         self.stepping = model
         if not model.synchronized:
             self.synchronize(model)
-        self.exchanger.set_envelope(Envelope("step", model.name, call=call, rows=rows))
+        self.exchanger.set_envelope(Envelope("step", model.name, call=call, rows=rows,
+                                             data=data))
         self._weight = weight
         self._total = rows
         self.recorder.begin_step()

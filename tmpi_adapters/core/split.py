@@ -60,12 +60,28 @@ class SlicedGiven:
         if entry.step is not None or entry.stop is None:
             raise ValueError("not a plain slice on the batch axis")
         base = node.inputs[0]
+        self.axis = at
+        #: the shared dataset sliced (directly, or through a cast), or None
+        self.dataset = _shared_source(base)
         self.start = entry.start if entry.start is not None else 0
         self.stop = entry.stop
         self.length = base.shape[at]
         self.lo, self.hi = _bounds()
         idx[at] = slice(self.lo, self.hi)
         self.value = base[tuple(idx)]
+
+
+def _shared_source(variable):
+    """The shared variable ``variable`` is, or is an elementwise function of
+    (``T.cast(shared_y, 'int32')``), or ``None``."""
+    from theano.compile.sharedvalue import SharedVariable
+    from theano.tensor.elemwise import Elemwise
+    while not isinstance(variable, SharedVariable):
+        node = variable.owner
+        if node is None or not isinstance(node.op, Elemwise) or len(node.inputs) != 1:
+            return None
+        variable = node.inputs[0]
+    return variable
 
 
 class SlicedShared:
@@ -176,6 +192,18 @@ class SplitPlan:
         if rows is None and self.shared:
             rows = self.shared[0].rows()
         return rows, None
+
+    def batch_values(self, args, kwargs, bounds):
+        """The arrays that hold a call's global batch: its arguments, or in
+        the ``givens`` style the datasets' slices (for its fingerprint)."""
+        values = list(args) + list(kwargs.values())
+        for s, start, stop in zip(self.sliced, (bounds or [])[::2], (bounds or [])[1::2]):
+            if s.dataset is not None:
+                data = s.dataset.get_value(borrow=True)
+                if isinstance(data, np.ndarray) and data.ndim > s.axis:
+                    values.append(data[_along(s.axis, start, stop)])
+        values += [s.variable.get_value(borrow=True) for s in self.shared]
+        return values
 
     def local_call(self, name, args, kwargs, rows, bounds, lo, hi):
         """Arguments (and shared bounds) that make the function see rows ``[lo, hi)``."""

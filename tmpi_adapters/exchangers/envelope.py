@@ -47,12 +47,17 @@ class Envelope:
         The function's call count (1 for its first call).
     rows : int, optional
         The global batch's rows.
+    data : int, optional
+        A fingerprint of the global batch's contents
+        (:func:`~tmpi_adapters.core.batches.fingerprint`), on the calls that
+        take one: ranks handed different batches disagree.
     """
 
-    __slots__ = ("phase", "name", "call", "rows")
+    __slots__ = ("phase", "name", "call", "rows", "data")
 
-    def __init__(self, phase, name, call=None, rows=None):
+    def __init__(self, phase, name, call=None, rows=None, data=None):
         self.phase, self.name, self.call, self.rows = phase, name, call, rows
+        self.data = data
 
     def describe(self, sequence=None):
         """``"train_G call 41 (32 rows)"`` and the like."""
@@ -66,13 +71,20 @@ class Envelope:
             text = self.name + ("" if self.call is None else " %s" % self.call)
         if self.rows is not None:
             text += " (%d rows)" % self.rows
+        if self.data is not None:
+            text += ", %s%06x" % (DATA_MARK, self.data)
         return text
 
     def token(self, sequence, limit):
         """The integer in ``[1, limit]`` this envelope and the collective's
         ``sequence`` number stand for."""
-        key = "%s|%s|%s|%s|%d" % (self.phase, self.name, self.call, self.rows, sequence)
+        key = "%s|%s|%s|%s|%s|%d" % (self.phase, self.name, self.call, self.rows, self.data,
+                                     sequence)
         return 1 + zlib.crc32(key.encode()) % (limit - 1)
+
+
+#: How a description names the batch's fingerprint.
+DATA_MARK = "data #"
 
 
 #: The envelope of collectives issued outside any training function.
@@ -86,6 +98,14 @@ def mismatch_message(descriptions, mine):
     are missing); ``mine`` is this rank's number.
     """
     lines = "; ".join("rank %d: %s" % (rank, text) for rank, text in sorted(descriptions.items()))
+    if len({text.split(", " + DATA_MARK)[0] for text in descriptions.values()}) == 1:
+        return ("ranks left lockstep: they were handed different batches (%s): the same "
+                "step with the same rows, "
+                "but other values. tmpi hands every rank the whole global batch and each "
+                "takes its own share of its rows, so a script that gives each rank its own "
+                "data would silently train on part of each rank's batch only. Either load "
+                "the same data on every rank and let tmpi split it, or, to train each rank "
+                "on its own data (sharded by rank), run with --scaling weak." % lines)
     return ("ranks left lockstep: they met in one collective while doing different things "
             "(%s). Under a lockstep rule (BSP) every rank must call the same training "
             "functions in the same order with the same global batch. Usual causes: data "

@@ -193,16 +193,16 @@ class RowSplitFunction(DistributedFunction):
         self._share = (rows, lo)
         return super()._local_call(args, kwargs, rows, bounds, lo, hi)
 
-    def _step(self, args, kwargs, weight, rows, batch=None):
+    def _step(self, args, kwargs, weight, rows, batch=None, data=None):
         window, share, self._share = self._window, self._share, None
         if window is None:
-            return super()._step(args, kwargs, weight, rows, batch=batch)
+            return super()._step(args, kwargs, weight, rows, batch=batch, data=data)
         if batch is not None and share is not None:
             window.whole_batch(*share)
         elif batch is None and self.adapter.batch_mode() != "rows":
             window.stacked(self.session.size, self.session.rank)
         try:
-            return super()._step(args, kwargs, weight, rows, batch=batch)
+            return super()._step(args, kwargs, weight, rows, batch=batch, data=data)
         finally:
             window.local()
 

@@ -40,6 +40,8 @@ def no_rank_left():
     ("exit", ["rank 0: A#0 call 5 (32 rows)", "rank 1: finished the script after 4"]),
     ("caught", ["rank 0: A#0 call 5 (32 rows)", "rank 1: A#0 call 6 (32 rows)"]),
     ("rows", ["rank 0: A#0 call 1 (32 rows)", "rank 1: A#0 call 1 (16 rows)"]),
+    ("eval", ["rank 0: evaluating validate", "rank 1: A#0 call 4 (32 rows)",
+              "so it too must be called on every rank"]),
 ])
 def test_divergence_ends_the_job_naming_each_rank(mode, ranks_said):
     result, seconds = wrap(mode)

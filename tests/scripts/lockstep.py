@@ -9,6 +9,7 @@ break     rank 1 leaves the loop early (a per-rank condition)
 exit      rank 1 calls sys.exit(0) in the middle of training
 caught    rank 1's fifth call fails (a bad batch) and the script goes on
 rows      rank 0 passes 32 rows per call, rank 1 16
+eval      rank 0 alone calls a validation function (split across ranks by tmpi)
 same      every rank does the same (the control: it must succeed)
 """
 import sys
@@ -73,6 +74,13 @@ elif mode == "caught":
 elif mode == "rows":
     for i in range(4):
         A(*batch(i, rows=32 if rank == 0 else 16))
+elif mode == "eval":
+    w = theano.shared(np.zeros(3), name="w_eval")
+    validate = theano.function([x, y], T.sqr(T.dot(x, w) - y).mean(), name="validate")
+    for i in range(6):
+        A(*batch(i))
+        if rank == 0 and i == 2:
+            print("validation", validate(*batch(9)))
 elif mode == "same":
     for i in range(6):
         A(*batch(i))

@@ -67,6 +67,8 @@ class Envelope:
             text = "the identical start of %s" % self.name
         elif self.phase == "compile":
             text = "compiling %s" % self.name
+        elif self.phase == "eval":
+            text = "evaluating %s call %s" % (self.name, self.call)
         else:
             text = self.name + ("" if self.call is None else " %s" % self.call)
         if self.rows is not None:
@@ -106,7 +108,7 @@ def mismatch_message(descriptions, mine):
                 "data would silently train on part of each rank's batch only. Either load "
                 "the same data on every rank and let tmpi split it, or, to train each rank "
                 "on its own data (sharded by rank), run with --scaling weak." % lines)
-    return ("ranks left lockstep: they met in one collective while doing different things "
+    text = ("ranks left lockstep: they met in one collective while doing different things "
             "(%s). Under a lockstep rule (BSP) every rank must call the same training "
             "functions in the same order with the same global batch. Usual causes: data "
             "that gives ranks different numbers of batches, a loop that stops on a "
@@ -114,3 +116,9 @@ def mismatch_message(descriptions, mine):
             "rank), an exception caught on one rank only, or functions called in a "
             "rank-dependent order. Give every rank the same loop and the same batches "
             "(tmpi splits each batch across the ranks itself)." % lines)
+    if any(d.startswith("evaluating ") for d in descriptions.values()):
+        text += (" An evaluation function (validation, prediction) is split across the "
+                 "ranks like a training step, so it too must be called on every rank: "
+                 "call it outside `if rank == 0:` (it returns the one-process values on "
+                 "every rank), and print or save on rank 0 only.")
+    return text

@@ -90,11 +90,15 @@ class NonFiniteGuard:
         local = [i for i in bad if weight and not np.isfinite(np.asarray(grads[i])).all()]
         if self.session.size == 1:
             origin = "computed from this step's batch"
-        elif local:
-            origin = "rank %d's own gradient was already non-finite" % self.session.rank
         else:
-            origin = "rank %d's own gradient was finite: another rank's batch produced it" \
-                     % self.session.rank
+            # Every rank sees the same exchanged gradients, so every rank is
+            # here: one more collective names the ranks whose rows did it.
+            from tmpi_adapters.reliability.watchdog import format_ranks
+            sources = [r for r, own in enumerate(
+                self.session.exchanger.allgather_object(bool(local))) if own]
+            origin = ("the gradient of %s's own rows was already non-finite"
+                      % format_ranks(sources) if sources else
+                      "every rank's own gradient was finite: their sum overflowed")
         text = "non-finite gradient in step %d of %s after the exchange: %s (%s)" % (
             (model.step if model else 0) + 1, model.name if model else "?",
             "; ".join(parts), origin)

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, check, tmpi
+from conftest import EXAMPLES, SCRIPTS, check, tmpi
 
 MLP = EXAMPLES / "theano_mlp" / "train.py"
 STEP_KEYS = {"type", "model", "step", "time_s", "compute_s", "comm_s", "wait_s", "data_s",
@@ -39,7 +39,8 @@ def test_record_and_plot_two_ranks(tmp_path):
     result = check(tmpi("wrap", "-n", "2", "--record", path, "--progress", MLP,
                         "--epochs", "1", "--seed", "1"))
     check_record(read_records(path), ranks=2)
-    assert "compute" in result.stdout and "wait" in result.stdout and "data" in result.stdout
+    assert "compute" in result.stdout and "wait" in result.stdout \
+        and "between steps" in result.stdout
     assert "step" in result.stderr  # the progress bar
     png = tmp_path / "run.png"
     check(tmpi("plot", path, "-o", png))
@@ -74,3 +75,23 @@ def test_scalar_outputs_and_strict_json(tmp_path):
     log.close()
     lines = (tmp_path / "log.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["x"] is None and json.loads(lines[1])["value"] == 1.5
+
+
+@pytest.mark.mpi
+def test_the_summary_gives_steps_when_the_batch_rows_are_unknown(tmp_path):
+    # givens slices on one rank: nothing is split, so tmpi never learns the
+    # rows; a rate of "samples" would be steps in disguise.
+    path = tmp_path / "run.jsonl"
+    result = check(tmpi("wrap", "--record", path, SCRIPTS / "sharded_data.py", "givens",
+                        "same"))
+    summary = [line for line in result.stdout.splitlines() if line.startswith("tmpi: ")]
+    assert len(summary) == 1 and "8 steps on 1 rank(s), " in summary[0], result.stdout
+    assert "steps/s (the batch's rows were not found)" in summary[0]
+    assert "samples/s" not in summary[0]
+    records = read_records(path)
+    assert all(r["samples"] is None for r in records if r["type"] == "step")
+    assert records[-1]["samples_per_s"] is None and records[-1]["steps_per_s"] > 0
+    # On two ranks the batch is split, so its rows are counted.
+    result = check(tmpi("wrap", "-n", "2", SCRIPTS / "sharded_data.py", "givens", "same"))
+    assert "8 steps on 2 rank(s), " in result.stdout and " samples/s in the training loop" \
+        in result.stdout

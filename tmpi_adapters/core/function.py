@@ -216,7 +216,7 @@ class DistributedFunction:
         values = [outputs] if self.single_output else list(outputs or [])
         if values and self.combiner is not None:
             values = self.combiner(values, weight, rows, total=batch)
-        session.end_step(self.model, weight, outputs=values)
+        session.end_step(self.model, weight, outputs=values, counted=rows is not None)
         result = restore_outputs(values, outputs, self.single_output)
         self._last_outputs = result
         return result

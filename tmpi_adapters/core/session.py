@@ -298,14 +298,16 @@ class Session:
         self._total = rows
         self.recorder.begin_step()
 
-    def end_step(self, model, samples, outputs=None):
+    def end_step(self, model, samples, outputs=None, counted=True):
         """Called after a training step; ``outputs`` are its returned values
-        (combined across ranks), recorded when they are scalars."""
+        (combined across ranks), recorded when they are scalars.  ``counted``:
+        ``samples`` are the step's rows (not a stand-in weight: a batch
+        tmpi did not find, such as ``givens`` slices on one rank)."""
         model.step += 1
         start = time.perf_counter()
         self.rule.end_step(model, samples)
         self.recorder.add_exchange(time.perf_counter() - start)
-        self.recorder.end_step(samples, outputs=outputs, model=model)
+        self.recorder.end_step(samples if counted else None, outputs=outputs, model=model)
         self.exchanger.set_envelope(None)
         self._weight = self._total = None
         self.stepping = None

@@ -8,8 +8,9 @@ Every step is split into
              part spent inside MPI is also recorded as ``transfer``);
 ``wait``     waiting at the step's synchronisation point for the slowest rank
              (a straggler, or an uneven split of the work);
-``data``     time between steps spent in the user's loop (loading and
-             preparing the batch, logging).
+``data``     time between steps: the script's own work in its loop
+             (loading and preparing the batch, logging, and any validation
+             pass); reported as "between steps".
 
 Every rank keeps its own records; rank 0 prints a summary averaged over ranks
 at the end.  ``tmpi wrap --record run.jsonl`` writes one JSON object per line
@@ -27,6 +28,8 @@ import numpy as np
 
 #: Keys of a step record's times, in the order they are reported.
 PHASES = ("compute", "comm", "wait", "data")
+#: How the summary line names each.
+LABELS = {"compute": "compute", "comm": "comm", "wait": "wait", "data": "between steps"}
 
 
 class Recorder:
@@ -68,7 +71,8 @@ class Recorder:
         self._exchange += seconds
 
     def end_step(self, samples, outputs=None, model=None):
-        """Close the step that ran ``samples`` rows on this rank.
+        """Close the step that ran ``samples`` rows on this rank (``None``:
+        not known, so the job's throughput is reported in steps).
 
         ``outputs`` are the training function's returned values (already
         combined across ranks); scalars among them are recorded.
@@ -82,7 +86,8 @@ class Recorder:
         # The weighted gradient mean summed every rank's rows; without it
         # (sum reduction, parameter rules) assume every rank ran as many.
         total_weight = stats["last_total_weight"]
-        global_samples = total_weight if total_weight else samples * self.session.size
+        global_samples = total_weight if total_weight else (
+            float("nan") if samples is None else samples * self.session.size)
         self.steps.append((compute, comm, wait, self._data, global_samples,
                            stats["collectives"]))
         self._last = (now, compute, comm, wait, self._data, global_samples, stats, outputs,
@@ -104,8 +109,9 @@ class Recorder:
                 "step": len(self.steps),
                 "time_s": round(now - self.started, 6),
                 "compute_s": compute, "comm_s": comm, "wait_s": wait, "data_s": data,
-                "samples": int(round(global_samples)),
-                "samples_per_s": global_samples / busy if busy > 0 else None,
+                "samples": None if np.isnan(global_samples) else int(round(global_samples)),
+                "samples_per_s": global_samples / busy
+                if busy > 0 and not np.isnan(global_samples) else None,
                 "transfer_s": min(stats["transfer_s"], comm),
                 "wire_bytes": stats["wire_bytes"],
                 "collectives": stats["collectives"],
@@ -124,11 +130,17 @@ class Recorder:
             return None
         data = np.asarray(self.steps, dtype=np.float64)
         medians = np.median(data[:, :4], axis=0)
-        busy = data[:, :4].sum()
+        # The training loop's pace: a median step, the time before it
+        # included (a validation pass or another test's compile between two
+        # steps is no part of it).
+        step = np.median(data[:, :4].sum(axis=1))
         ex = self.session.exchanger
-        avg, = ex.allreduce([np.append(medians, busy)], op="mean")
+        avg, = ex.allreduce([np.append(medians, step)], op="mean")
         # Every rank counted each step's rows on all ranks: its own total is the job's.
-        samples = data[:, 4].sum()
+        counted = not np.isnan(data[:, 4]).any()
+        samples = data[:, 4].sum() if counted else None
+        per_step = float(np.median(data[:, 4])) if counted else 1.0
+        rate = per_step / avg[4] if avg[4] > 0 else float("nan")
         self.last_summary = {
             "type": "summary",
             "steps": len(self.steps),
@@ -138,8 +150,9 @@ class Recorder:
             "wait_s": float(avg[2]),
             "data_s": float(avg[3]),
             "exchange_s": float(avg[1] + avg[2]),
-            "samples": int(round(samples)),
-            "samples_per_s": float(samples / avg[4]) if avg[4] > 0 else float("nan"),
+            "samples": int(round(samples)) if counted else None,
+            "samples_per_s": float(rate) if counted else None,
+            "steps_per_s": float(1.0 / avg[4]) if avg[4] > 0 else float("nan"),
             "collectives_per_step": float(np.median(data[:, 5])),
         }
         return self.last_summary
@@ -147,12 +160,14 @@ class Recorder:
     def format_summary(self, summary):
         step = sum(summary[p + "_s"] for p in PHASES)
         parts = " + ".join(
-            "%s %.2f ms (%.0f%%)" % (p, summary[p + "_s"] * 1e3,
+            "%s %.2f ms (%.0f%%)" % (LABELS[p], summary[p + "_s"] * 1e3,
                                      100.0 * summary[p + "_s"] / step if step > 0 else 0.0)
             for p in PHASES)
-        text = ("tmpi: %d steps on %d rank(s), %.0f samples/s; median step %.2f ms = %s"
-                % (summary["steps"], summary["ranks"], summary["samples_per_s"], step * 1e3,
-                   parts))
+        pace = ("%.0f samples/s" % summary["samples_per_s"]
+                if summary.get("samples_per_s") is not None
+                else "%.4g steps/s (the batch's rows were not found)" % summary["steps_per_s"])
+        text = ("tmpi: %d steps on %d rank(s), %s in the training loop; median step "
+                "%.2f ms = %s" % (summary["steps"], summary["ranks"], pace, step * 1e3, parts))
         if summary["ranks"] > 1:
             count = summary["collectives_per_step"]
             text += "; %g collective%s per step" % (count, "" if count == 1 else "s")

@@ -1,4 +1,6 @@
 """ModelProtocol: the one shape every framework adapter hands to the rules."""
+import re
+
 import numpy as np
 
 from tmpi_adapters.errors import MismatchError
@@ -130,17 +132,34 @@ class ModelProtocol:
             self.name, len(self.params), len(self.optimizer_state), len(self.model_state))
 
 
+#: The counter Keras and Theano append to a name to keep it unique in their
+#: process (``dense_2``, ``gru_1/kernel``): it counts what the process built
+#: before, not what the variable is.
+_COUNTER = re.compile(r"_\d+(?=/|$)")
+
+
+def comparable(row):
+    """A :meth:`ModelProtocol.signature` row as ranks and checkpoints compare
+    it: the name without counters (``loss/gru_2/kernel`` reads
+    ``loss/gru/kernel``), the shape, the dtype."""
+    group, name, shape, dtype = row
+    return group, _COUNTER.sub("", name), tuple(shape), dtype
+
+
 def check_signatures(signatures, rank_of=None):
     """Raise :class:`MismatchError` naming the first difference from rank 0.
 
-    ``signatures`` is one :meth:`ModelProtocol.signature` per rank.
+    ``signatures`` is one :meth:`ModelProtocol.signature` per rank.  Names
+    that differ only by counters (:func:`comparable`) are the same variable:
+    something the process did before (a test of a suite that failed on one
+    rank) may have advanced one rank's counters.
     """
-    reference = signatures[0]
+    reference = [comparable(row) for row in signatures[0]]
     for rank, sig in enumerate(signatures[1:], start=1):
-        if sig == reference:
+        if [comparable(row) for row in sig] == reference:
             continue
-        for i, (a, b) in enumerate(zip(reference, sig)):
-            if a != b:
+        for i, (a, b) in enumerate(zip(signatures[0], sig)):
+            if comparable(a) != comparable(b):
                 raise MismatchError(
                     "rank %d's model differs from rank 0's at %s #%d: rank 0 has %s %r "
                     "shape %s dtype %s, rank %d has %s %r shape %s dtype %s. Every rank must "
@@ -151,4 +170,5 @@ def check_signatures(signatures, rank_of=None):
             "rank %d's model has %d state variables, rank 0's has %d (first extra: %r). "
             "Every rank must build the same model." % (
                 rank, len(sig), len(reference),
-                (sig[len(reference)] if len(sig) > len(reference) else reference[len(sig)])[1]))
+                (sig[len(reference)] if len(sig) > len(reference) else
+                 signatures[0][len(sig)])[1]))

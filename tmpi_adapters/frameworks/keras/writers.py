@@ -11,10 +11,18 @@ Keras' own writers follow the rule of :mod:`tmpi_adapters.frameworks.writes`:
     opens its file under the same rule: one file per path, written once.
 ``RemoteMonitor``
     reports to its server from rank 0 only (one voice).
+a ``gs://`` URL (Google Cloud Storage)
+    is no path on this host, so the rule does not apply: each rank saves and
+    loads it itself, as Keras does, through a local temporary file of its
+    own (Keras names that file after the object alone, one path for every
+    rank of a host).
 
 On one rank nothing is hooked.
 """
 import functools
+import shutil
+import tempfile
+import weakref
 
 from tmpi_adapters.frameworks.writes import is_path
 
@@ -28,6 +36,7 @@ def patch_writers(adapter):
     import keras.models
     from keras.engine import network, saving
     patch = adapter.patcher.patch
+    patch(saving, "tempfile", _OwnTemporaryDirectory())
     # Network.save looks save_model up in keras.models at call time.
     save_model = _writing(files, "Keras save_model", saving.save_model)
     patch(saving, "save_model", save_model)
@@ -40,12 +49,31 @@ def patch_writers(adapter):
     patch(remote, "on_epoch_end", on_rank_zero(adapter.session, remote.on_epoch_end))
 
 
+class _OwnTemporaryDirectory:
+    """What ``keras.engine.saving`` sees as its ``tempfile`` module: a
+    ``gettempdir()`` of this process's own (made when first asked for,
+    removed with this object), so the ranks' transfers to and from
+    ``gs://`` never share a file."""
+
+    def __init__(self):
+        self.directory = None
+
+    def gettempdir(self):
+        if self.directory is None:
+            self.directory = tempfile.mkdtemp(prefix="tmpi-keras-")
+            weakref.finalize(self, shutil.rmtree, self.directory, True)
+        return self.directory
+
+
 def _writing(files, what, method):
     """``method(owner, filepath, ...)`` (Keras' save functions) under the rule
-    for ``filepath``; an ``h5py`` group instead of a path is written as it is."""
+    for ``filepath``; an ``h5py`` group instead of a path, or a ``gs://`` URL,
+    is written as it is."""
+    from keras.engine.saving import _is_gcs_location
+
     @functools.wraps(method)
     def writing(owner, filepath, *args, **kwargs):
-        if not is_path(filepath):
+        if not is_path(filepath) or _is_gcs_location(filepath):
             return method(owner, filepath, *args, **kwargs)
         return files.call(what, [filepath], lambda: method(owner, filepath, *args, **kwargs))
     return writing

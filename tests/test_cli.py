@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from conftest import EXAMPLES, SCRIPTS, assert_close, check, final_numbers, mpiexec, rank_env
-from conftest import run, tmpi
+from conftest import MPIEXEC, TMPI, run, tmpi
 
 MLP = EXAMPLES / "theano_mlp" / "train.py"
 
@@ -77,6 +77,56 @@ def test_decorator_options_are_checked_like_the_command_line():
     assert Options(outputs="local").validate().outputs == "local"
     with pytest.raises(ConfigError, match="--stall-timeout must be a positive, finite"):
         Options(stall_timeout=float("nan")).validate()
+
+
+@pytest.mark.mpi
+def test_tmpi_wrap_keeps_what_the_decorator_sets(tmp_path):
+    # rule, rule options, seed and record of @distributed(...) under both launchers.
+    script = SCRIPTS / "decorated_options.py"
+    env = rank_env("float64")
+    runs = {}
+    for name, command in (("mpiexec", [MPIEXEC, "-n", "2", sys.executable, script]),
+                          ("wrap", [TMPI, "wrap", "-n", "2", script])):
+        directory = tmp_path / name
+        directory.mkdir()
+        result = check(run(command, env=env, cwd=directory))
+        header = json.loads((directory / "deco.jsonl").read_text().splitlines()[0])
+        assert header["rule"] == "easgd" and header["ranks"] == 2, header
+        runs[name] = final_numbers(result.stdout, "loss")
+    assert runs["wrap"] == runs["mpiexec"]  # the decorator's seed, bit for bit
+    # The command line names the seed: it wins, and says so.
+    result = check(run([TMPI, "wrap", "-n", "2", "--seed", "3", script], env=env,
+                       cwd=tmp_path / "wrap"))
+    assert "the command line wins over the decorator for seed (3, not 5)" in result.stderr
+    assert final_numbers(result.stdout, "loss") != runs["mpiexec"]
+
+
+def test_decorator_arguments_are_read_from_the_script_without_running_it():
+    from tmpi_adapters.launch.decorator import apply_declared, declared_options
+    from tmpi_adapters.options import Options
+    declared, unread = declared_options(
+        "import tmpi_adapters as tmpi\nSEED = 3\n"
+        "@tmpi.distributed('lasagne', 'easgd', {'tau': 4}, record='r.jsonl', seed=SEED)\n"
+        "def main(): pass\n")
+    assert declared == {"framework": "lasagne", "rule": "easgd", "rule_options": {"tau": 4},
+                        "record": "r.jsonl"}
+    assert unread == ["seed"]
+    options = Options(rule="bsp", explicit=["rule"])
+    overridden = apply_declared(options, declared, set(options.explicit))
+    assert overridden == {"rule": ("bsp", "easgd")}
+    assert (options.rule, options.framework, options.rule_options, options.extra) == (
+        "bsp", "lasagne", {"tau": 4}, {"record": "r.jsonl"})
+
+
+@pytest.mark.mpi
+def test_a_decorator_argument_tmpi_wrap_cannot_read_is_an_error(tmp_path):
+    script = tmp_path / "variable_seed.py"
+    script.write_text((SCRIPTS / "decorated_options.py").read_text().replace(
+        "seed=5", "seed=int('5')"))
+    result = tmpi("wrap", "-n", "2", script)
+    assert result.returncode == 2, result.stderr
+    assert "@distributed(seed=5) cannot take effect under tmpi wrap" in result.stderr
+    assert "Pass it on tmpi wrap's command line" in result.stderr
 
 
 @pytest.mark.mpi

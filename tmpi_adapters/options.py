@@ -123,6 +123,9 @@ class Options:
     rule_options: dict = dataclasses.field(default_factory=dict)
     #: options plugins added with ``tmpi_add_arguments``, by ``dest``
     extra: dict = dataclasses.field(default_factory=dict)
+    #: the fields and plugin options the command line named (they win over a
+    #: decorator's; the others are defaults)
+    explicit: list = dataclasses.field(default_factory=list)
 
     def validate(self):
         """Check every field against its declaration; returns ``self``."""

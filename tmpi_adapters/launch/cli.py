@@ -59,8 +59,10 @@ def _at_least_one(flag):
     return whole_number
 
 
-def options_from_args(namespace):
-    """Build :class:`Options` from parsed arguments (plugin options go to ``extra``)."""
+def options_from_args(namespace, given=()):
+    """Build :class:`Options` from parsed arguments (plugin options go to
+    ``extra``); ``given`` are the option words of the command line, whose
+    fields become ``options.explicit``."""
     values = vars(namespace)
     launch_only = {"n", "rule_option", "threads_per_rank", "oversubscribe", "mpiexec",
                    "mpiexec_args",
@@ -69,7 +71,22 @@ def options_from_args(namespace):
     extra = {k: v for k, v in values.items() if k not in _OPTION_FIELDS and k not in launch_only}
     options = Options(rule_options=parse_assignments(values.get("rule_option")), extra=extra,
                       **fields)
+    options.explicit = sorted({"rule_options" if dest == "rule_option" else dest
+                               for dest in given} - launch_only)
     return options.validate()
+
+
+def given_dests(words, parser):
+    """The ``dest`` of every option among ``words`` (a command line's options)."""
+    actions = parser._option_string_actions
+    dests = set()
+    for word in words:
+        if not word.startswith("-"):
+            continue
+        action = actions.get(word.split("=", 1)[0]) or actions.get(word[:2])
+        if action is not None:
+            dests.add(action.dest)
+    return dests
 
 
 def _option_table(parser):
@@ -169,7 +186,7 @@ def cmd_wrap(argv):
     if target is None:
         raise TmpiError("no script given: tmpi wrap [options] SCRIPT [args], or "
                         "tmpi wrap [options] -m MODULE [args]")
-    options = options_from_args(namespace)
+    options = options_from_args(namespace, given_dests(ours, parser))
     from tmpi_adapters.launch.launcher import check_target, launch
     check_target(target)
     if not options.framework:

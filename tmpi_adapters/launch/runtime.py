@@ -408,6 +408,26 @@ def wait_for_every_rank(options, size):
              too_long, crowded=oversubscribed(size))
 
 
+def take_decorator_options(options, target, rank):
+    """Start with the options the script's ``@distributed(...)`` sets, for
+    every option the command line did not name (those win, said once)."""
+    from tmpi_adapters.launch.decorator import apply_declared, declared_options
+    try:
+        with open(target_file(target), encoding="utf-8", errors="replace") as handle:
+            source = handle.read()
+    except (OSError, TmpiError):
+        return
+    if "distributed" not in source:
+        return
+    declared, _ = declared_options(source)
+    overridden = apply_declared(options, declared, set(options.explicit))
+    if overridden and rank == 0:
+        print("tmpi: note: the command line wins over the decorator for %s."
+              % ", ".join("%s (%r, not %r)" % (key, ours, theirs)
+                          for key, (ours, theirs) in sorted(overridden.items())),
+              file=sys.stderr, flush=True)
+
+
 def detect_framework(target, pm=None):
     """The framework a script (a path) or module (``("module", name)``) uses,
     from the ``tmpi_detect_framework`` hook; a module inside a package is read
@@ -575,6 +595,7 @@ def main(argv=None):
     session = None
     try:
         mark(rank, "pid", "%d %s" % (os.getpid(), socket.gethostname()))
+        take_decorator_options(options, target, rank)
         if not options.framework:
             options.framework = detect_framework(target) or "theano"
         import_theano_in_rank_order(options, rank, size)

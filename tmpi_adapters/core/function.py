@@ -386,7 +386,9 @@ class SplitFunction(ObservedFunction):
         if self._tmpi_plan.sliced or self._tmpi_plan.shared:
             args, kwargs = self._tmpi_plan.local_call(self.key, args, kwargs, rows, bounds,
                                                       0, rows)
-        return self._tmpi_fn(*args, **kwargs)
+        outputs = self._tmpi_fn(*args, **kwargs)
+        values = [outputs] if self._tmpi_single else list(outputs or [])
+        return restore_outputs(self._tmpi_combiner.finish(values), outputs, self._tmpi_single)
 
 
 def _hold(args, kwargs):

@@ -5,7 +5,10 @@ into the one-process value depends on what they are, read from the graph:
 
 ``"mean"``
     a mean over the batch's rows (``T.mean(loss)``, a Keras loss): the
-    ranks' values averaged, weighted by their rows.
+    ranks' values averaged, weighted by their rows.  A split evaluation's
+    mean that is a sum divided by a count (``T.mean(T.neq(y_pred, y))``)
+    travels as its sum and count instead (:class:`Ratio`), so that it is
+    the one-process float wherever the ranks' sums add up exactly.
 ``"sum"``
     a sum over the batch's rows (``T.sum(loss)``, ``x.shape[0]``): the
     ranks' values added.
@@ -25,12 +28,21 @@ makes it: a ``Sum`` over batch rows is a sum; a sum divided by a count taken
 from the batch's shape is a mean; scaling by values that do not come from the
 batch keeps the kind.  With a :class:`~tmpi_adapters.core.rowwise.RowWise`
 the walk also checks that what is reduced is row-wise and reduced over the
-batch axis, and recognises per-row values and counts of rows; without one
-(a function whose graph was not analysed) a scalar the walk cannot classify
-keeps tmpi's long-standing default, the weighted mean.  A script says
-otherwise by naming the output ``<name>:sum`` or ``<name>:mean`` (the suffix
-is what tmpi reads; Theano ignores it).
+batch axis, and recognises per-row values and counts of rows; where those
+checks fail (a scan's states), a training step's value is walked again
+with only the reduced axes checked against the batch's (a sum over axis 1
+keeps one value per row).  A value the walk cannot classify keeps tmpi's
+long-standing default, the weighted mean, when it has no axis as long as
+the batch (a scalar, a gradient); otherwise it is decided on the first
+call: gathered along its batch axis when on every rank that axis holds the
+rank's rows (with a warning that tmpi cannot tell whether they are the
+one-process rows), averaged otherwise.  A script says otherwise by naming
+the output ``<name>:sum`` or ``<name>:mean`` (the suffix is what tmpi
+reads; Theano ignores it).
 """
+import math
+import sys
+
 import numpy as np
 
 from tmpi_adapters.core.graph import ancestors
@@ -75,7 +87,9 @@ def classify(variable, data, default="mean", rows=None, strict=True):
             return "rows"
     kind = _reduced_kind(variable, data, rows)
     if kind is None and rows is not None and not strict:
-        kind = _reduced_kind(variable, data, None)
+        kind = _reduced_kind(variable, data, None, batch_axes=rows.batch_axes)
+        if kind is None and _sizes_without_batch(variable, rows):
+            kind = default  # shaped like a parameter (a gradient): not one value per row
     if kind is not None:
         return kind
     return default if getattr(variable, "ndim", 0) == 0 else UNDECIDED
@@ -85,11 +99,23 @@ def _depends(variable, data):
     return bool(set(ancestors([variable])) & data)
 
 
+def _sizes_without_batch(variable, rows):
+    """True when the graph knows every axis of ``variable`` and none is the batch's."""
+    sizes = rows.layout.sizes.get(variable)
+    return sizes is not None and None not in sizes and not rows.batch_axes(variable)
+
+
 _SWAP = {"max": "min", "min": "max", "mean": "mean", "sum": "sum"}
 
 
-def _reduced_kind(variable, data, rows, depth=0):
-    """``"mean"``, ``"sum"``, ``"max"``, ``"min"``, ``"same"`` or ``None`` (unknown)."""
+def _reduced_kind(variable, data, rows, depth=0, batch_axes=None):
+    """``"mean"``, ``"sum"``, ``"max"``, ``"min"``, ``"same"`` or ``None`` (unknown).
+
+    Without ``rows``, ``batch_axes(v)`` (the axes of ``v`` whose length is
+    the batch's) still makes a reduction that keeps every batch axis, or
+    whose batch axes are unknown, unknown: ``T.sum(x, axis=1)`` of a
+    ``(batch, features)`` value is one value per row, not a sum over rows.
+    """
     from theano import scalar
     from theano.tensor.elemwise import CAReduce, DimShuffle, Elemwise
     if depth > 50:
@@ -107,16 +133,19 @@ def _reduced_kind(variable, data, rows, depth=0):
         return None
     op = node.op
     if isinstance(op, DimShuffle):
-        return _reduced_kind(node.inputs[0], data, rows, depth + 1)
+        return _reduced_kind(node.inputs[0], data, rows, depth + 1, batch_axes)
     if isinstance(op, CAReduce) or type(op).__name__ == "MaxAndArgmax":
         source = node.inputs[0]
         if source.ndim == 0:  # a sum of one number is that number
-            return _reduced_kind(source, data, rows, depth + 1)
+            return _reduced_kind(source, data, rows, depth + 1, batch_axes)
+        axes = getattr(op, "axis", None)
         if rows is not None:
             mark = rows(source)
-            axes = getattr(op, "axis", None)
             if not isinstance(mark, int) or (axes is not None and mark not in axes):
                 return None
+        elif batch_axes is not None and axes is not None and \
+                not set(batch_axes(source)) & set(axes):
+            return None
         if type(op).__name__ == "MaxAndArgmax":
             return "max" if node.outputs.index(variable) == 0 else None
         scalar_op = op.scalar_op
@@ -132,29 +161,29 @@ def _reduced_kind(variable, data, rows, depth=0):
     scalar_op = op.scalar_op
     batch = [i for i in node.inputs if _depends(i, data)]
     if isinstance(scalar_op, (scalar.Cast, scalar.Identity)):
-        return _reduced_kind(node.inputs[0], data, rows, depth + 1)
+        return _reduced_kind(node.inputs[0], data, rows, depth + 1, batch_axes)
     if isinstance(scalar_op, scalar.Neg):
-        return _SWAP.get(_reduced_kind(node.inputs[0], data, rows, depth + 1))
+        return _SWAP.get(_reduced_kind(node.inputs[0], data, rows, depth + 1, batch_axes))
     if isinstance(scalar_op, scalar.Mul) and len(batch) == 1:
-        kind = _reduced_kind(batch[0], data, rows, depth + 1)
+        kind = _reduced_kind(batch[0], data, rows, depth + 1, batch_axes)
         return kind if kind in ("mean", "sum") else None
     if isinstance(scalar_op, (scalar.TrueDiv, scalar.IntDiv)):
         numerator, denominator = node.inputs
-        kind = _reduced_kind(numerator, data, rows, depth + 1)
+        kind = _reduced_kind(numerator, data, rows, depth + 1, batch_axes)
         if kind not in ("mean", "sum"):
             return None
         if not _depends(denominator, data):
             return kind
         if rows is None:
             return "mean" if kind == "sum" and counts_rows(denominator, data) else None
-        count = _reduced_kind(denominator, data, rows, depth + 1)
+        count = _reduced_kind(denominator, data, rows, depth + 1, batch_axes)
         if count == "same":
             return kind  # divided by a length that is not split
         if count == "sum" and kind == "sum":
             return "mean"
         return None
     if isinstance(scalar_op, (scalar.Add, scalar.Sub)):
-        kinds = {_reduced_kind(i, data, rows, depth + 1) for i in batch}
+        kinds = {_reduced_kind(i, data, rows, depth + 1, batch_axes) for i in batch}
         constant = len(batch) < len(node.inputs)
         if kinds == {"mean"}:
             return "mean"  # a weighted mean of (m + c) is (mean + c)
@@ -202,6 +231,103 @@ def counts_rows(variable, data):
     return True
 
 
+def ratio_of(variable, data, rows):
+    """The :class:`Ratio` that ``variable`` (a scalar mean, as :func:`classify`
+    reads it with ``rows``) is, or ``None``."""
+    from theano import scalar
+    from theano.tensor.elemwise import Elemwise
+    steps, current = [], variable
+    while current.owner is not None and isinstance(current.owner.op, Elemwise):
+        op, inputs = current.owner.op.scalar_op, current.owner.inputs
+        if isinstance(op, scalar.Neg):
+            steps.append(None)
+        elif isinstance(op, scalar.TrueDiv):
+            kind = _reduced_kind(inputs[1], data, rows)
+            if inputs[1].ndim or kind not in ("sum", "same"):
+                return None
+            steps.append(kind == "sum")
+        else:
+            break
+        current = inputs[0]
+    if variable.ndim or current.ndim or True not in steps \
+            or _reduced_kind(current, data, rows) != "sum":
+        return None
+    return Ratio(steps)
+
+
+class Ratio:
+    """A mean written as a sum over the batch divided by sums over the batch
+    and by other values, perhaps negated (``T.mean(v)``: ``sum(v) / n``; over
+    two axes ``sum(v) / n / m``; ``sum(w * v) / sum(w)``; the tutorials'
+    ``-T.mean(log_p[T.arange(n), y])``), combined as one process computes it.
+
+    The ranks return the parts instead of the value (:meth:`parts`); the
+    ranks' sums of each part are added exactly (integers, or ``math.fsum``)
+    and rounded once into its dtype, and a function compiled from the top of
+    the value's own graph (:meth:`compile`) divides them, so that Theano does
+    the same arithmetic as in the one process.  The value is then the
+    one-process value whenever the ranks' sums add up to the one-process
+    sum: error rates and accuracies (``T.mean(T.neq(y_pred, y))``), any mean
+    of integer values.  A mean of other values differs from it by the
+    rounding of a sum taken in another order (and of each row's terms,
+    which BLAS may round differently for another number of rows).
+    """
+
+    def __init__(self, steps):
+        #: from the top: ``None`` for a negation, ``True``/``False`` for a
+        #: division by a sum over the batch / by a value every rank has
+        self.steps = steps
+        self._finish = None
+        #: per input of the compiled division: its place in the parts,
+        #: whether the ranks' values add up, its dtype
+        self._fed = []
+
+    def _pieces(self, variable):
+        """The sum and the divisors (from the top) under ``variable``, whose
+        top is this ratio's."""
+        divisors = []
+        for step in self.steps:
+            inputs = variable.owner.inputs
+            if step is not None:
+                divisors.append(inputs[1])
+            variable = inputs[0]
+        return variable, divisors
+
+    def parts(self, variable):
+        """What to compile in place of ``variable`` (this ratio's value, or a
+        clone of its graph): a float64 vector of its sum and divisors."""
+        import theano.tensor as T
+        total, divisors = self._pieces(variable)
+        return T.stack([T.cast(v, "float64") for v in [total] + divisors])
+
+    def compile(self, variable, function):
+        """Compile, with ``function`` (``theano.function``), what divides the
+        combined parts as ``variable``'s graph does (its constants kept)."""
+        import theano
+        from theano.gof import Constant
+        total, divisors = self._pieces(variable)
+        summed = [True] + [step for step in self.steps if step is not None]
+        fed = [(k, v) for k, v in enumerate([total] + divisors) if not isinstance(v, Constant)]
+        inputs = [v.type() for _, v in fed]
+        self._fed = [(k, summed[k], v.dtype) for k, v in fed]
+        self._finish = function(inputs, theano.clone(variable, replace=dict(
+            (v, i) for (_, v), i in zip(fed, inputs))))
+
+    def combine(self, pieces):
+        """The value, from the :meth:`parts` of every rank that counts."""
+        values = []
+        for k, summed, dtype in self._fed:
+            column = [p[k] for p in pieces]
+            if not summed:
+                value = column[0]
+            elif np.dtype(dtype).kind == "f":
+                value = math.fsum(column)
+            else:
+                value = sum(int(v) for v in column)
+            values.append(np.asarray(value, dtype=dtype))
+        return np.asarray(self._finish(*values))[()]
+
+
 class Combiner:
     """Combines, after a call, the values the call's own exchange did not carry.
 
@@ -216,13 +342,21 @@ class Combiner:
         Per returned value: a kind of :data:`KINDS`, :data:`UNDECIDED`, or
         ``None`` (nothing to do: the step's exchange carried it).
     axes : list of int, optional
-        Per value, the batch axis of ``"rows"`` values (0 by default).
+        Per value, the batch axis of ``"rows"`` and :data:`UNDECIDED` values
+        (0 by default).
+    name : str, optional
+        The function's name, for the warning about undecided values.
+    ratios : dict, optional
+        ``{position: Ratio}``: values a split evaluation returns as the parts
+        of a :class:`Ratio` (their kind is ``"ratio"``).
     """
 
-    def __init__(self, session, kinds, axes=None):
+    def __init__(self, session, kinds, axes=None, name="a function", ratios=None):
         self.session = session
-        self.kinds = list(kinds)
+        self.ratios = dict(ratios or {})
+        self.kinds = ["ratio" if i in self.ratios else kind for i, kind in enumerate(kinds)]
         self.axes = list(axes) if axes is not None else [0] * len(self.kinds)
+        self.name = name
 
     @property
     def needed(self):
@@ -241,6 +375,11 @@ class Combiner:
         if all(self.kinds[i] in ("mean", "sum") for i in active):
             return self._allreduce(values, active, weight, total)
         return self._gathered(values, active, weight)
+
+    def finish(self, values):
+        """``values`` of a call run whole on this rank, ratios divided out."""
+        return [self.ratios[i].combine([np.asarray(value)]) if i in self.ratios else value
+                for i, value in enumerate(values)]
 
     def _allreduce(self, values, active, weight, total):
         result = list(values)
@@ -281,7 +420,10 @@ class Combiner:
                 combined = sum(p.astype(np.float64) * (w / total)
                                for w, p in zip(weights, pieces))
             elif kind == "sum":
-                combined = sum(counted[1:], counted[0].copy())
+                combined = _exact_sum(counted)
+            elif kind == "ratio":
+                result[i] = self.ratios[i].combine(counted)
+                continue
             elif kind == "max":
                 combined = np.maximum.reduce(counted)
             else:
@@ -291,12 +433,34 @@ class Combiner:
 
     def _decide(self, values, rows):
         """Per-row or not, the same on every rank: a value is gathered as rows
-        when on every rank its first dimension is that rank's rows."""
+        when on every rank its batch axis has that rank's rows.  The graph
+        did not show that each such row is computed from its example alone,
+        so the run says that they may not be the one-process rows."""
         undecided = [i for i, kind in enumerate(self.kinds) if kind == UNDECIDED]
-        local = [np.ndim(values[i]) >= 1 and np.shape(values[i])[0] == rows for i in undecided]
+        local = [np.ndim(values[i]) > self.axes[i] and np.shape(values[i])[self.axes[i]] == rows
+                 for i in undecided]
         votes = self.session.exchanger.allgather_object(local)
         for k, i in enumerate(undecided):
             self.kinds[i] = "rows" if all(v[k] for v in votes) else "mean"
+        gathered = [i for i in undecided if self.kinds[i] == "rows"]
+        if gathered:
+            self.session.print(
+                "tmpi: warning: %s returns one value per example as value(s) %s, gathered from "
+                "the ranks' shares of the batch; tmpi cannot tell from the graph whether each "
+                "of them depends on its own example only (a scan, a random draw or an op tmpi "
+                "does not read), so they may differ from the one-process values. Name a value "
+                "'<name>:mean' or '<name>:sum' if it is a reduction over the batch."
+                % (self.name, ", ".join(map(str, gathered))), file=sys.stderr)
+
+
+def _exact_sum(pieces):
+    """The sum of ``pieces`` (arrays of one shape and dtype) rounded once into
+    their dtype: integers exactly, floats by an exact sum (``math.fsum``)."""
+    stacked = np.stack([np.asarray(p) for p in pieces])
+    if stacked.dtype.kind != "f":
+        return stacked.sum(axis=0)
+    sums = [math.fsum(column) for column in stacked.reshape(len(pieces), -1).T]
+    return np.asarray(sums).astype(stacked.dtype).reshape(stacked.shape[1:])
 
 
 def _like(value, original):

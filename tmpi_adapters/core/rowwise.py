@@ -81,9 +81,11 @@ def _node_marks(rows, node, ins):
     n = len(node.outputs)
     if all(m is SAME for m in ins):
         return [SAME] * n
-    if all(m is SAME or m == SHAPE for m in ins):
-        return _sizes_only(rows, node)
     name = type(op).__name__
+    if all(m is SAME or m == SHAPE for m in ins):
+        if name == "Subtensor" and _keeps_rank_rows(rows, node):
+            return [0]
+        return _sizes_only(rows, node)
     if name in ("Shape", "Shape_i"):
         return [SHAPE] * n
     if name == "AdvancedSubtensor":
@@ -131,6 +133,33 @@ def _node_marks(rows, node, ins):
             return [MIXED] * n
         return [0 if v.ndim else MIXED for v in node.outputs]
     return [MIXED] * n
+
+
+def _keeps_rank_rows(rows, node):
+    """``draw[s:s + n]``, ``n`` the rank's rows, of a value computed without
+    the batch's values: a random draw made for the whole batch of which each
+    rank keeps its own rows (:mod:`tmpi_adapters.frameworks.random_streams`),
+    so that row ``i`` is the one-process row ``i``'s."""
+    from theano.tensor.subtensor import get_idx_list
+    index = get_idx_list(node.inputs, node.op.idx_list)
+    if not index or not isinstance(index[0], slice) or index[0].step is not None:
+        return False
+    start, stop = _uncast(index[0].start), _uncast(index[0].stop)
+    owner = getattr(stop, "owner", None)
+    if start is None or owner is None or type(owner.op).__name__ != "Elemwise" \
+            or type(owner.op.scalar_op).__name__ != "Add" or len(owner.inputs) != 2:
+        return False
+    first, second = owner.inputs
+    length = second if first is start else (first if second is start else None)
+    return length is not None and rows.layout.is_batch_size(rows.layout.resolve(length))
+
+
+def _uncast(variable):
+    """``variable`` without the scalar/tensor conversions Theano puts around indices."""
+    while getattr(variable, "owner", None) is not None and type(variable.owner.op).__name__ in (
+            "ScalarFromTensor", "TensorFromScalar"):
+        variable = variable.owner.inputs[0]
+    return variable
 
 
 def _sliced_rows(node, ins):

@@ -325,7 +325,8 @@ class TheanoAdapter(FrameworkAdapter):
         function_class = self.function_class or DistributedFunction
         function = function_class(self, compiled, model, plan=plan,
                                   single_output=rebuild_outputs.single,
-                                  combiner=Combiner(session, after, row_axes(rows, outputs)),
+                                  combiner=Combiner(session, after, row_axes(rows, outputs),
+                                                    name=key),
                                   first_split=first_split)
         model.train_fn = function
         session.register_model(model)

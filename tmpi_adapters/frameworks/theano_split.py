@@ -10,11 +10,13 @@ function that does not train into a
 :class:`~tmpi_adapters.core.function.SplitFunction` where the graph says how
 every value it returns combines.  Theano is imported when these run.
 """
+import inspect
+
 from tmpi_adapters.core.fixedbatch import FixedBatch
 from tmpi_adapters.core.function import SplitFunction
 from tmpi_adapters.core.graph import ancestors
 from tmpi_adapters.core.layout import Layout
-from tmpi_adapters.core.outputs import KINDS, Combiner, classify
+from tmpi_adapters.core.outputs import KINDS, Combiner, classify, ratio_of
 from tmpi_adapters.core.rowwise import RowWise
 from tmpi_adapters.core.split import analyse
 from tmpi_adapters.errors import ConfigError
@@ -26,10 +28,15 @@ def pairs(givens):
 
 
 def row_axes(rows, outputs):
-    """The batch axis of each per-row output (0 where the graph does not say)."""
+    """The batch axis of each output: the axis it is row-wise along, else the
+    one axis whose length the graph tells is the batch's, else 0."""
     if rows is None:
         return None
-    return [mark if isinstance(mark, int) else 0 for mark in (rows(o) for o in outputs)]
+    axes = []
+    for output in outputs:
+        mark, sized = rows(output), rows.batch_axes(output)
+        axes.append(mark if isinstance(mark, int) else (sized[0] if len(sized) == 1 else 0))
+    return axes
 
 
 def analyse_function(adapter, inputs, given_pairs, graph, costs, update_pairs,
@@ -128,9 +135,31 @@ def split_evaluation(adapter, bound, output_list, rebuild_outputs, update_pairs,
     kinds = [classify(o, data, None, rows=rows) for o in graph]
     if any(kind not in KINDS for kind in kinds) or all(kind == "same" for kind in kinds):
         return None
+    # Means the ranks return as their sums and counts, divided once after as
+    # the one process divides (in the function's own mode).
+    ratios = {i: ratio for i, o in enumerate(graph) if kinds[i] == "mean"
+              for ratio in [ratio_of(o, data, rows)] if ratio is not None}
+    if ratios:
+        def divide(inputs, output):
+            return adapter._original_function(inputs, output, mode=bound.arguments.get("mode"))
+        for i, ratio in ratios.items():
+            ratio.compile(outputs[i], divide)
+        output_list = [_parts(ratios[i], o) if i in ratios else o
+                       for i, o in enumerate(output_list)]
+        bound = inspect.BoundArguments(bound.signature, dict(bound.arguments))
+        bound.arguments["outputs"] = rebuild_outputs(output_list)
     compile_with, first_split = split_compiler(
         adapter, key, bound, output_list, rebuild_outputs, [], updates, outputs, plan, {},
         fixed=fixed)
     return SplitFunction(session, compile_with(None), key, plan,
-                         Combiner(session, kinds, row_axes(rows, graph)),
+                         Combiner(session, kinds, row_axes(rows, graph), name=key,
+                                  ratios=ratios),
                          rebuild_outputs.single, first_split=first_split)
+
+
+def _parts(ratio, output):
+    """``output`` (a variable or ``theano.Out``) replaced by ``ratio``'s parts."""
+    import theano
+    if isinstance(output, theano.Out):
+        return theano.Out(ratio.parts(output.variable), borrow=output.borrow)
+    return ratio.parts(output)

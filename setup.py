@@ -83,7 +83,9 @@ setup(
         # GPU exchangers; never pulled by the CPU install.
         "gpu": ["cupy-cuda12x", "nvidia-nccl-cu12"],
     },
-    entry_points={"console_scripts": ["tmpi = tmpi_adapters.launch.cli:run"]},
+    entry_points={"console_scripts": ["tmpi = tmpi_adapters.launch.cli:run"],
+                  # The `mpi` mark of RuleConformance's tests, in plugins' own suites.
+                  "pytest11": ["tmpi = tmpi_adapters.pytest_plugin"]},
     cmdclass={"build_py": BuildWithStartupHook},
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -1,5 +1,6 @@
 """The tmpi command: plugins listing, clear errors, rank-0 output, the decorator."""
 import json
+import re
 import sys
 
 import pytest
@@ -26,6 +27,64 @@ def test_plugins_lists_builtins_with_versions_and_hooks(capsys):
     bsp = by_name["tmpi_adapters.rules.bsp"]
     assert bsp["version"] and bsp["hooks"] == ["tmpi_rules"]
     assert "tmpi_exchangers" in by_name["tmpi_adapters.exchangers.mpi"]["hooks"]
+
+
+def installed_plugin(site, name, source):
+    """A distribution ``tmpi-plugin-<name>`` 1.0 in directory ``site`` (put it on
+    ``PYTHONPATH``): its module and its ``tmpi`` entry point, as pip leaves them."""
+    site.mkdir(exist_ok=True)
+    (site / ("tmpi_plugin_%s.py" % name)).write_text(source)
+    info = site / ("tmpi_plugin_%s-1.0.dist-info" % name)
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tmpi-plugin-%s\n"
+                                   "Version: 1.0\n" % name)
+    (info / "entry_points.txt").write_text("[tmpi]\n%s = tmpi_plugin_%s\n" % (name, name))
+
+
+@pytest.mark.parametrize("source, problem", [
+    ("from tmpi_adapters import hookimpl\n\n@hookimpl\ndef tmpi_sesion_start(session):\n"
+     "    pass\n", "PluginValidationError: unknown hook 'tmpi_sesion_start'"),
+    ("import a_module_nobody_installed\n",
+     "ModuleNotFoundError: No module named 'a_module_nobody_installed'"),
+])
+def test_a_broken_plugin_is_one_line_and_tmpi_goes_on(tmp_path, source, problem):
+    installed_plugin(tmp_path / "site", "broken", source)
+    env = rank_env(PYTHONPATH=str(tmp_path / "site"))
+    listing = tmpi("plugins", env=env)
+    assert listing.returncode == 0 and "rule:bsp" in listing.stdout, listing.stderr
+    lines = listing.stderr.strip().splitlines()
+    assert len(lines) == 1, listing.stderr
+    assert lines[0].startswith("tmpi: warning: the installed plugin 'broken' "
+                               "(tmpi-plugin-broken 1.0) was not loaded: " + problem), lines
+    assert "TMPI_DISABLE_PLUGIN_AUTOLOAD=1 starts tmpi without" in lines[0]
+    result = tmpi("wrap", MLP, "--epochs", "1", env=env)
+    assert result.returncode == 0 and "epoch  1/1" in result.stdout, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_tmpi_plugins_lists_each_rules_options_with_defaults(capsys):
+    code, out, _ = tmpi_here(capsys, "plugins")
+    assert code == 0
+    assert "--rule bsp options (--rule-option NAME=VALUE):" in out
+    assert re.search(r"\n +period +int, default 1: avg mode", out), out
+    assert re.search(r"\n +alpha +float, default f\(N\): elastic force", out), out
+
+
+def test_rule_knobs_refuse_what_they_would_ignore_or_misread():
+    from tmpi_adapters.errors import ConfigError
+    from tmpi_adapters.options import Knob, positive, resolve_knobs
+    switch = {"on": Knob(bool, False, "a switch")}
+    assert resolve_knobs("r", switch, {"on": "false"}, 2) == {"on": False}  # not bool("false")
+    assert resolve_knobs("r", switch, {"on": "1"}, 2) == {"on": True}
+    with pytest.raises(ConfigError, match="option on='maybe' is not a valid bool"):
+        resolve_knobs("r", switch, {"on": "maybe"}, 2)
+    with pytest.raises(ConfigError, match="the default t=0 of rule 'r' must be > 0 .* a fault "
+                                          "of the plugin that provides the rule"):
+        resolve_knobs("r", {"t": Knob(int, 0, "period", positive)}, {}, 2)
+    from tmpi_adapters.rules.bsp import BSP
+    with pytest.raises(ConfigError, match="option period=3 does nothing unless mode=avg"):
+        resolve_knobs("bsp", BSP.knobs, {"period": "3"}, 2)
+    assert resolve_knobs("bsp", BSP.knobs, {"period": "3", "mode": "avg"}, 2)["period"] == 3
 
 
 def test_autoload_can_be_disabled_and_hooks_traced():

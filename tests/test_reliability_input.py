@@ -4,6 +4,8 @@
 """
 import pytest
 
+from tmpi_adapters.errors import TmpiError
+
 from conftest import EXAMPLES, SCRIPTS, rank_env, tmpi
 from test_reliability import START_TIMEOUT, own_lines
 
@@ -46,9 +48,19 @@ def test_unknown_framework_rule_or_exchanger_lists_the_installed_ones(capsys, ar
 
 
 def test_rule_of_a_plugin_not_installed_names_the_distribution():
+    # Not installed: no entry point provides it, tmpi's table names the wheel.
+    from tmpi_adapters.pluginmanager import lookup, make_plugin_manager
+    with pytest.raises(TmpiError, match="unknown rule 'easgd'. Installed rules: bsp. 'easgd' "
+                                        "is provided by a separate distribution: pip install "
+                                        "tmpi-plugin-easgd"):
+        lookup("rules", "easgd", make_plugin_manager(autoload=False))
+
+
+def test_rule_of_a_plugin_installed_but_not_loaded_says_why():
     result = tmpi("wrap", "--rule", "easgd", MLP,
                   env=rank_env(TMPI_DISABLE_PLUGIN_AUTOLOAD="1"))
-    fails_with(result, "unknown rule 'easgd'", "pip install tmpi-plugin-easgd")
+    fails_with(result, "unknown rule 'easgd'", "'easgd' is provided by tmpi-plugin-easgd",
+               "which is installed but was not loaded: TMPI_DISABLE_PLUGIN_AUTOLOAD is set")
 
 
 def test_missing_script(tmp_path):

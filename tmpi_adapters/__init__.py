@@ -19,6 +19,10 @@ Importing this package changes nothing in the interpreter: the compatibility
 shims that Theano, Keras, Lasagne and Blocks need on today's Python are
 applied where a run starts (``tmpi wrap``, ``@distributed``) and, in a
 virtual environment that ``make install`` made, at interpreter start-up.
+
+(PYTEST_DONT_REWRITE: the start-up hook imports this package before pytest
+starts, so pytest, which loads tmpi's plugin for the ``mpi`` mark, must not
+try to rewrite it; :mod:`tmpi_adapters.testing` is rewritten as usual.)
 """
 from tmpi_adapters.version import __version__
 

@@ -195,15 +195,20 @@ class Knob:
         Used when the user gives none; may be a callable ``default(size)`` of
         the rank count (EASGD's alpha = 0.9 / N).
     help : str
-        One line, shown by ``tmpi plugins --verbose`` and in errors.
+        One line, shown by ``tmpi plugins`` and in errors.
     check : callable, optional
         ``check(value) -> str or None``: an error text for a bad value.
+    only_with : tuple, optional
+        ``(knob, value)``: this knob does something only when that other knob
+        has that value (BSP's ``period`` with ``mode=avg``); giving it
+        otherwise is an error, not silently ignored.
     """
 
     type: object
     default: object
     help: str
     check: object = None
+    only_with: tuple = None
 
 
 def positive(value):
@@ -225,6 +230,8 @@ def one_of(*choices):
 
 
 def parse_bool(text):
+    """``True``/``False`` from their spellings (true/false, yes/no, on/off,
+    1/0); anything else is a ``ValueError``."""
     if isinstance(text, bool):
         return text
     lowered = str(text).strip().lower()
@@ -233,6 +240,7 @@ def parse_bool(text):
     if lowered in ("0", "false", "no", "off"):
         return False
     raise ValueError("not a boolean: %r" % (text,))
+
 
 
 def resolve_knobs(rule_name, knobs, raw, size):
@@ -248,22 +256,45 @@ def resolve_knobs(rule_name, knobs, raw, size):
                           % (rule_name, ", ".join(repr(u) for u in unknown), known))
     values = {}
     for name, knob in knobs.items():
-        if name in raw and raw[name] is not None:
+        given = name in raw and raw[name] is not None
+        if given:
+            # bool("false") is True: a boolean knob reads true/false spellings only.
+            convert = parse_bool if knob.type is bool else knob.type
             try:
-                value = knob.type(raw[name])
+                value = convert(raw[name])
             except (TypeError, ValueError):
                 raise ConfigError("rule %r option %s=%r is not a valid %s (%s)"
                                   % (rule_name, name, raw[name],
                                      getattr(knob.type, "__name__", "value"), knob.help))
         else:
-            value = knob.default(size) if callable(knob.default) else knob.default
+            value = knob_default(knob, size)
         if knob.check is not None and value is not None:
             problem = knob.check(value)
+            if problem and not given:
+                raise ConfigError(
+                    "the default %s=%r of rule %r %s (%s) on %d rank(s): a fault of the "
+                    "plugin that provides the rule, not of your options. Pass --rule-option "
+                    "%s=VALUE, and tell the plugin's authors." % (
+                        name, value, rule_name, problem, knob.help, size, name))
             if problem:
                 raise ConfigError("rule %r option %s=%r %s (%s)"
                                   % (rule_name, name, value, problem, knob.help))
         values[name] = value
+    for name, knob in knobs.items():
+        if knob.only_with and name in raw and raw[name] is not None:
+            other, wanted = knob.only_with
+            if values.get(other) != wanted:
+                raise ConfigError(
+                    "rule %r option %s=%s does nothing unless %s=%s (here %s=%s): add "
+                    "--rule-option %s=%s, or leave %s out." % (
+                        rule_name, name, raw[name], other, wanted, other, values.get(other),
+                        other, wanted, name))
     return values
+
+
+def knob_default(knob, size):
+    """A knob's default on ``size`` ranks (it may depend on them: EASGD's alpha)."""
+    return knob.default(size) if callable(knob.default) else knob.default
 
 
 def parse_assignments(items):

@@ -66,17 +66,56 @@ def make_plugin_manager(autoload=None, trace=None):
     pm.add_hookspecs(hookspecs)
     for name in BUILTIN_PLUGINS:
         pm.register(importlib.import_module(name), name=name)
+    pm.check_pending()
     if autoload is None:
         autoload = not _truthy(os.environ.get(AUTOLOAD_ENV, ""))
     if autoload:
-        pm.load_setuptools_entrypoints("tmpi")
-    pm.check_pending()
+        _load_entry_points(pm)
     if trace is None:
         trace = _truthy(os.environ.get(TRACE_ENV, ""))
     if trace:
         pm.trace.root.setwriter(sys.stderr.write)
         pm.enable_tracing()
     return pm
+
+
+#: Installed plugins that could not be loaded: ``{entry point: one line}``.
+broken = {}
+
+
+def _entry_points():
+    """``[(entry point, distribution)]`` of the ``tmpi`` group, read without importing."""
+    import importlib.metadata
+    found = []
+    for dist in importlib.metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group == "tmpi":
+                found.append((ep, dist))
+    return found
+
+
+def _load_entry_points(pm):
+    """Register every installed plugin, one at a time: a plugin that does not
+    import, or implements a hook that does not exist, is left out with one
+    line on stderr, and tmpi goes on without it."""
+    for ep, dist in _entry_points():
+        if pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+            continue
+        try:
+            pm.load_setuptools_entrypoints("tmpi", name=ep.name)
+            pm.check_pending()
+        except Exception as error:  # noqa: BLE001 - one bad plugin must not stop tmpi
+            if pm.get_plugin(ep.name) is not None:
+                pm.unregister(name=ep.name)
+            problem = str(error).splitlines()[0] if str(error) else ""
+            broken[ep.name] = (
+                "tmpi: warning: the installed plugin %r (%s %s) was not loaded: %s%s. "
+                "Fix or uninstall it; TMPI_DISABLE_PLUGIN_AUTOLOAD=1 starts tmpi without "
+                "any installed plugin." % (
+                    ep.name, dist.metadata["Name"], dist.version, type(error).__name__,
+                    ": " + problem if problem else ""))
+            if os.environ.get("PMI_RANK", "0") == "0":
+                sys.stderr.write(broken[ep.name] + "\n")
 
 
 def get_plugin_manager():
@@ -113,11 +152,37 @@ def lookup(kind, name, pm=None):
     installed = ", ".join(sorted(found)) or "none"
     hint = _collect(pm.hook.tmpi_known_plugins()).get(name)
     message = "unknown %s %r. Installed %ss: %s." % (singular, name, singular, installed)
-    if hint:
+    unloaded = _unloaded_provider(kind, name, pm)
+    if unloaded:
+        message += " %r is provided by %s, which is installed but was not loaded: %s" % (
+            name, unloaded[0], unloaded[1])
+    elif hint:
         message += " %r is provided by a separate distribution: %s" % (name, hint)
     else:
         message += " Run `tmpi plugins` to see what is installed."
     raise TmpiError(message)
+
+
+def _unloaded_provider(kind, name, pm):
+    """``(distribution, why)`` of an installed plugin that was not loaded
+    (autoloading off, or broken) and provides ``name``, or ``None``."""
+    autoload_off = _truthy(os.environ.get(AUTOLOAD_ENV, ""))
+    for ep, dist in _entry_points():
+        if pm.has_plugin(ep.name):
+            continue
+        if ep.name in broken:
+            why = broken[ep.name].split("was not loaded: ", 1)[-1]
+        elif autoload_off:
+            why = "%s is set. Unset it to use installed plugins." % AUTOLOAD_ENV
+        else:
+            continue
+        try:
+            provided = getattr(ep.load(), "tmpi_" + kind, None)
+            if provided is not None and name in (provided() or {}):
+                return "%s %s" % (dist.metadata["Name"], dist.version), why
+        except Exception:  # noqa: BLE001 - a broken plugin only loses the hint
+            continue
+    return None
 
 
 def commands(pm=None):
@@ -142,8 +207,24 @@ def describe_plugins(pm=None):
             "version": dist.version if dist else __version__,
             "hooks": hooks,
             "provides": _provides(plugin),
+            "knobs": rule_knobs(plugin),
         })
     return rows
+
+
+def rule_knobs(plugin):
+    """``{rule: [{"name", "type", "default", "help"}]}`` of the rules ``plugin``
+    provides (a default that depends on the rank count reads ``"f(N)"``)."""
+    impl = getattr(plugin, "tmpi_rules", None)
+    found = {}
+    for name, rule in sorted((impl() or {}).items() if impl is not None else ()):
+        found[name] = [{
+            "name": knob_name,
+            "type": getattr(knob.type, "__name__", str(knob.type)),
+            "default": "f(N)" if callable(knob.default) else knob.default,
+            "help": knob.help,
+        } for knob_name, knob in sorted(getattr(rule, "knobs", {}).items())]
+    return found
 
 
 def _provides(plugin):

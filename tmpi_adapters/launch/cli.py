@@ -233,6 +233,12 @@ def cmd_plugins(argv):
         if row["provides"]:
             print("    provides: %s" % ", ".join(row["provides"]))
         print("    hooks:    %s" % ", ".join(row["hooks"]))
+        for rule, knobs in row["knobs"].items():
+            print("    --rule %s options (--rule-option NAME=VALUE):%s" % (
+                rule, "" if knobs else " none"))
+            for knob in knobs:
+                print("      %-20s %s, default %s: %s" % (knob["name"], knob["type"],
+                                                       knob["default"], knob["help"]))
     return 0
 
 

@@ -19,7 +19,8 @@ class BSP(Rule):
         "mode": Knob(str, "grad", "grad: exchange gradients each step (exact); "
                                   "avg: average parameters between steps",
                      one_of("grad", "avg")),
-        "period": Knob(int, 1, "avg mode: average parameters every this many steps", positive),
+        "period": Knob(int, 1, "avg mode: average parameters every this many steps", positive,
+                       only_with=("mode", "avg")),
     }
 
     def __init__(self, session, **options):

@@ -182,7 +182,7 @@ def test_a_decorator_argument_tmpi_wrap_cannot_read_is_an_error(tmp_path):
     script = tmp_path / "variable_seed.py"
     script.write_text((SCRIPTS / "decorated_options.py").read_text().replace(
         "seed=5", "seed=int('5')"))
-    result = tmpi("wrap", "-n", "2", script)
+    result = run([TMPI, "wrap", "-n", "2", script], cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "@distributed(seed=5) cannot take effect under tmpi wrap" in result.stderr
     assert "Pass it on tmpi wrap's command line" in result.stderr

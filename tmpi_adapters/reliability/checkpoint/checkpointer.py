@@ -182,8 +182,9 @@ class Checkpointer:
             self.policy.after_step(model.step, model.n_batch_train)
 
     # -- writing ----------------------------------------------------------------------------
-    def capture(self):
-        """Everything a resume needs, as of the start of the next call (rank 0)."""
+    def capture(self, finished=False):
+        """Everything a resume needs, as of the start of the next call (rank 0);
+        ``finished`` when the script has ended."""
         session, policy = self.session, self.policy
         from tmpi_adapters.version import __version__
         plugins = {}
@@ -200,7 +201,7 @@ class Checkpointer:
             "scaling": session.options.scaling,
             "seed": session.seed,
             "point": {"calls": policy.calls, "train_calls": policy.train_calls,
-                      "epochs": policy.epochs},
+                      "epochs": policy.epochs, "finished": finished},
             "models": [{
                 "name": model.name,
                 "step": model.step,
@@ -220,7 +221,7 @@ class Checkpointer:
 
     def write(self, reason):
         """Write a checkpoint now (rank 0); ``reason`` is ``"every"`` or ``"end"``."""
-        state = self.capture()
+        state = self.capture(finished=reason == "end")
         header = {key: state[key] for key in ("tmpi", "created", "script", "ranks", "rule")}
         header.update(state["point"])
         path = self.due_path()

@@ -1,4 +1,4 @@
-"""The checkpoint file: its bytes, its name, and finding the newest one.
+"""The checkpoint file: its bytes, its name, and listing them.
 
 A checkpoint file is :data:`MAGIC`, one JSON header line (the point of the
 run it was taken at, the payload's size and SHA-256), and the pickled state
@@ -34,34 +34,56 @@ def encode(state, header):
     return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
 
 
-def decode(data, path):
-    """``(header, state)`` from the bytes of a checkpoint; :class:`CheckpointError` if
-    they are not one, are cut short, or do not match their checksum."""
-    import pickle
+class CorruptCheckpointError(CheckpointError):
+    """The file is no checkpoint, or one that was cut short or altered.
+
+    Attributes
+    ----------
+    reason : str
+        What is wrong with it, in a few words.
+    """
+
+    def __init__(self, path, reason, advice="Resume from an older checkpoint in the same "
+                                            "directory."):
+        super().__init__("%s %s. %s" % (path, reason, advice))
+        self.reason = reason
+
+
+def verify(data, path):
+    """The header of a checkpoint's bytes, once they are whole and unaltered:
+    :class:`CorruptCheckpointError` if they are no checkpoint, are cut short
+    or do not match their checksum; :class:`CheckpointError` if a newer tmpi
+    wrote them."""
     if not data.startswith(MAGIC):
-        raise CheckpointError("%s is not a tmpi checkpoint (it does not start with %r). "
-                              "Pass a checkpoint-step*.tmpi file written by "
-                              "--checkpoint-dir." % (path, MAGIC.strip().decode()))
+        raise CorruptCheckpointError(path, "is not a tmpi checkpoint (it does not start with "
+                                     "%r)" % MAGIC.strip().decode(),
+                                     "Pass a checkpoint-step*.tmpi file written by "
+                                     "--checkpoint-dir.")
     end = data.find(b"\n", len(MAGIC))
     try:
         header = json.loads(data[len(MAGIC):end].decode())
         size, digest = int(header["payload"]), header["sha256"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise CheckpointError("checkpoint %s is corrupt: its header cannot be read. Resume "
-                              "from an older checkpoint in the same directory." % path)
+        raise CorruptCheckpointError(path, "is corrupt: its header cannot be read")
     if header.get("format", 0) > FORMAT:
         raise CheckpointError("checkpoint %s has format %s, newer than this tmpi reads "
                               "(%d): upgrade tmpi-adapters." % (path, header["format"], FORMAT))
-    payload = data[end + 1:]
+    payload = memoryview(data)[end + 1:]
     if len(payload) != size:
-        raise CheckpointError("checkpoint %s is corrupt: truncated (%d of %d bytes). Resume "
-                              "from an older checkpoint in the same directory."
-                              % (path, len(payload), size))
+        raise CorruptCheckpointError(path, "is corrupt: truncated (%d of %d bytes)"
+                                     % (len(payload), size))
     if hashlib.sha256(payload).hexdigest() != digest:
-        raise CheckpointError("checkpoint %s is corrupt: its checksum does not match. Resume "
-                              "from an older checkpoint in the same directory." % path)
+        raise CorruptCheckpointError(path, "is corrupt: its checksum does not match")
+    return header
+
+
+def decode(data, path):
+    """``(header, state)`` from the bytes of a checkpoint (:func:`verify`
+    first): :class:`CheckpointError` if they cannot be loaded."""
+    import pickle
+    header = verify(data, path)
     try:
-        state = pickle.loads(payload)
+        state = pickle.loads(memoryview(data)[len(data) - header["payload"]:])
     except Exception as exc:  # noqa: B902 - any unpickling failure means the same
         raise CheckpointError("checkpoint %s cannot be loaded (%s: %s); it may come from "
                               "another version of tmpi or its libraries."
@@ -113,9 +135,3 @@ def list_checkpoints(directory):
             written = 0
         return (int(PATTERN.match(name).group(1)), written, name)
     return [os.path.join(directory, n) for n in sorted(names, key=order)]
-
-
-def latest_checkpoint(directory):
-    """The newest checkpoint file in ``directory``, or ``None``."""
-    found = list_checkpoints(directory)
-    return found[-1] if found else None

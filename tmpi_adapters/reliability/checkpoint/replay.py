@@ -6,9 +6,17 @@ and its first ``C`` calls of compiled functions (``C`` is where the checkpoint
 was taken) are *replayed*: they do no work and return what they returned in
 the original run (the :class:`~tmpi_adapters.reliability.checkpoint.calllog.CallLog`),
 so the script's own loop, random draws, accumulators and decisions retrace
-the original run exactly.  At the start of call ``C`` (or when the script
-ends) :meth:`Replay.finish` loads the saved state into the script's own
-shared variables and sets the generators, and training goes on for real.
+the original run exactly.  The first replayed call of each training function
+loads its saved variables, so what the script reads of them meanwhile (the
+weights it writes to its files) is the checkpoint's, never the initial ones.
+At the start of call ``C`` (or when the script ends) :meth:`Replay.finish`
+loads the saved state into the script's own shared variables and sets the
+generators, and training goes on for real.
+
+``latest`` and ``auto`` take the newest checkpoint that verifies, naming the
+corrupt ones passed over; a checkpoint of a finished run, resumed with the
+same arguments, is refused (:class:`FinishedRunError`): the script would only
+rewrite its files.
 
 Each replayed call is checked against the log (:meth:`Replay.check_call`: the
 same function, arguments with the same fingerprint) and each model against
@@ -22,10 +30,17 @@ import shlex
 import sys
 import time
 
+from tmpi_adapters.core.protocol import comparable
 from tmpi_adapters.errors import CheckpointError, ConfigError
 from tmpi_adapters.reliability.checkpoint.calllog import CallLog, fingerprint
-from tmpi_adapters.reliability.checkpoint.fileformat import (decode, latest_checkpoint,
-                                                             read_bytes)
+from tmpi_adapters.reliability.checkpoint.fileformat import (CorruptCheckpointError, decode,
+                                                             list_checkpoints, read_bytes,
+                                                             verify)
+
+
+class FinishedRunError(CheckpointError):
+    """The checkpoint was written when its run finished: there is nothing to
+    resume, and running the script again could only overwrite its files."""
 
 
 class Replay:
@@ -57,7 +72,11 @@ class Replay:
         """The replay of ``settings.resume`` on every rank (rank 0 reads the
         file and shares it on ``comm``); ``None`` for ``--resume auto``
         without a checkpoint."""
-        path, data, error = _load_on_rank0(settings) if session.rank == 0 else (None,) * 3
+        path, data, error = (None,) * 3
+        if session.rank == 0:
+            path, data, error, skipped = _load_on_rank0(settings)
+            for note in skipped:
+                session.print("tmpi: warning: --resume %s: skipped %s" % (settings.resume, note))
         if session.size > 1:
             path, data, error = _share(comm if comm is not None else session.comm,
                                        session.rank, path, data, error)
@@ -71,8 +90,9 @@ class Replay:
         return replay
 
     def check_run(self, session, settings=None):
-        """Refuse a checkpoint of another rule or scaling mode, or of other script
-        arguments (unless ``--allow-new-arguments``); warn of another script."""
+        """Refuse a checkpoint of another rule or scaling mode, of other script
+        arguments (unless ``--allow-new-arguments``) or of a run that finished
+        with these (:class:`FinishedRunError`); warn of another script."""
         options, state, path = session.options, self.state, self.path
         arguments, saved = list(sys.argv[1:]), state.get("arguments")
         if saved is not None and list(saved) != arguments and \
@@ -83,6 +103,17 @@ class Replay:
                 "arguments: run it with %s, or pass --allow-new-arguments to continue "
                 "with these (e.g. to train for more epochs)."
                 % (path, _quoted(saved), _quoted(arguments), _quoted(saved)))
+        if state["point"].get("finished") and saved is not None and \
+                list(saved) == arguments:
+            resume = getattr(settings, "resume", None)
+            raise FinishedRunError(
+                "%scheckpoint %s was written when its run finished (step %d): there is "
+                "nothing to resume, so the script is not run again and its files stay as "
+                "that run left them. To train further, resume with the new arguments and "
+                "--allow-new-arguments (e.g. more --epochs); to train again from the "
+                "start, run without --resume."
+                % ("--resume %s: " % resume if resume in ("latest", "auto") else "", path,
+                   state["point"]["train_calls"]))
         if state["rule"] != options.rule:
             raise CheckpointError("checkpoint %s was written by a run with --rule %s; resume "
                                   "it with --rule %s (this run has --rule %s)."
@@ -111,6 +142,10 @@ class Replay:
         if call.kind == "train" and function.key not in self.checked:
             self.check_model(function.model)
             self.checked.add(function.key)
+            # What the script reads of its parameters while the replay goes
+            # on (a file of weights it writes, a print) is the checkpoint's,
+            # never the initial values it would otherwise overwrite them with.
+            self._load_values(function.model)
         if fingerprint(call.args, call.kwargs) & 0xFFFFFFFF != self.log.fingerprints[index]:
             raise CheckpointError(
                 "resume diverged at call #%d (%s): its arguments differ from the "
@@ -130,10 +165,10 @@ class Replay:
             return  # compiled before the checkpoint but never trained by then
         here = [tuple(row) for row in model.signature()]
         there = [tuple(row) for row in saved["signature"]]
-        if here == there:
+        if [comparable(row) for row in here] == [comparable(row) for row in there]:
             return
         for i, (a, b) in enumerate(itertools.zip_longest(there, here)):
-            if a != b:
+            if a is None or b is None or comparable(a) != comparable(b):
                 raise CheckpointError(
                     "checkpoint %s does not fit this model: %s #%d of %s is %s in the "
                     "checkpoint and %s here. Resume with the same script, arguments and "
@@ -141,6 +176,13 @@ class Replay:
                     % (self.path, (a or b)[0], i, model.name, _describe(a), _describe(b)))
 
     # -- the end of the replay ---------------------------------------------------------------
+    def _load_values(self, model):
+        """The checkpoint's values of ``model``'s variables (none when it has
+        no such model)."""
+        saved = self.models.get(model.name)
+        for variable, value in zip(model.state_variables, saved["values"] if saved else ()):
+            variable.set_value(value, borrow=False)
+
     def finish(self, session, generators, calls):
         """At the first call past the checkpoint (``calls`` made so far): load
         the saved state everywhere, on every rank."""
@@ -159,12 +201,14 @@ class Replay:
                 self.check_model(model)
             if not model.synchronized:
                 session.synchronize(model)  # identical start: signatures, rule.start
-            for variable, value in zip(model.state_variables, saved["values"]):
-                variable.set_value(value, borrow=False)
+            self._load_values(model)
             model.step = saved["step"]
         session.rule.load_state_dict(state["rule_state"])
         session.pm.hook.tmpi_restore_state(session=session, state=state["plugins"])
-        generators.restore(state["rng"])
+        # A finished run's checkpoint holds numpy's and Python's generators as
+        # the script left them, past the draws this run (with new arguments)
+        # made before this call; the replay has retraced those draws.
+        generators.restore(state["rng"], script=not state["point"].get("finished"))
         note = ""
         if self.recomputed:
             note = " (%s ran again: outputs not recorded)" % ", ".join(sorted(self.recomputed))
@@ -173,32 +217,48 @@ class Replay:
                          time.monotonic() - (self.started or time.monotonic()), note))
 
 
-def _resume_path(settings):
+def _newest_that_verifies(settings):
+    """``(path, data, skipped)``: the newest checkpoint in ``--checkpoint-dir``
+    whose bytes verify, and a note on each newer one that did not."""
     wanted, directory = settings.resume, settings.checkpoint_dir
-    if wanted in ("latest", "auto"):
-        path = latest_checkpoint(directory)
-        if path is None and wanted == "latest":
-            raise CheckpointError("--resume latest: no checkpoint in %s (files named "
-                                  "checkpoint-step*.tmpi). Start without --resume, or "
-                                  "use --resume auto to start fresh when there is none."
-                                  % directory)
-        return path
-    if not os.path.exists(wanted):
-        raise CheckpointError("--resume %s: no such file." % wanted)
-    return wanted
+    skipped = []
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            data = read_bytes(path)
+            verify(data, path)
+            return path, data, ["%s: it %s; resuming from an older one." % skip
+                                for skip in skipped]
+        except CorruptCheckpointError as error:
+            skipped.append((path, error.reason))
+    if skipped:
+        raise CheckpointError(
+            "--resume %s: no checkpoint in %s verifies: %s. Start without --resume to "
+            "train from the beginning." % (wanted, directory, "; ".join(
+                "%s %s" % (path, note) for path, note in skipped)))
+    if wanted == "latest":
+        raise CheckpointError("--resume latest: no checkpoint in %s (files named "
+                              "checkpoint-step*.tmpi). Start without --resume, or "
+                              "use --resume auto to start fresh when there is none."
+                              % directory)
+    return None, None, []
 
 
 def _load_on_rank0(settings):
-    """``(path, data, error text)`` on rank 0; checked before it is shared."""
+    """``(path, data, error text, skipped)`` on rank 0, verified before it is
+    shared: ``latest`` and ``auto`` pass over corrupt files (``skipped`` says
+    which and why), a file named on the command line must be whole."""
     try:
-        path = _resume_path(settings)
-        if path is None:
-            return None, None, None
+        if settings.resume in ("latest", "auto"):
+            path, data, skipped = _newest_that_verifies(settings)
+            return path, data, None, skipped
+        path = settings.resume
+        if not os.path.exists(path):
+            raise CheckpointError("--resume %s: no such file." % path)
         data = read_bytes(path)
-        decode(data, path)
-        return path, data, None
+        verify(data, path)
+        return path, data, None, []
     except CheckpointError as error:
-        return None, None, str(error)
+        return None, None, str(error), []
 
 
 def _share(comm, rank, path, data, error):

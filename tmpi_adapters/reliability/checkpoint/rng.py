@@ -98,10 +98,12 @@ class Generators:
         return {"numpy": np.random.get_state(), "random": random.getstate(),
                 "theano": self.theano.state()}
 
-    def restore(self, state):
-        """Set every generator to what :meth:`state` returned."""
-        np.random.set_state(state["numpy"])
-        random.setstate(state["random"])
+    def restore(self, state, script=True):
+        """Set every generator to what :meth:`state` returned; numpy's and
+        Python's only with ``script``."""
+        if script:
+            np.random.set_state(state["numpy"])
+            random.setstate(state["random"])
         self.theano.restore(state["theano"])
 
     @staticmethod

@@ -95,3 +95,31 @@ def test_the_summary_gives_steps_when_the_batch_rows_are_unknown(tmp_path):
     result = check(tmpi("wrap", "-n", "2", SCRIPTS / "sharded_data.py", "givens", "same"))
     assert "8 steps on 2 rank(s), " in result.stdout and " samples/s in the training loop" \
         in result.stdout
+
+
+@pytest.mark.mpi
+def test_a_straggler_shows_as_wait_of_its_size(tmp_path):
+    # Rank 1 sleeps 50 ms before each step: rank 0 waits about that long at
+    # each exchange, rank 1 not at all, so the split (averaged over the two
+    # ranks) shows about half of it as wait, and rank 1's sleep as time
+    # between steps.
+    sleep = 0.05
+    path = tmp_path / "run.jsonl"
+    check(tmpi("wrap", "-n", "2", "--record", path, SCRIPTS / "straggler.py", str(sleep)))
+    summary = read_records(path)[-1]
+    assert summary["type"] == "summary"
+    assert 0.3 < summary["wait_s"] / sleep < 0.7, summary
+    assert 0.3 < summary["data_s"] / sleep < 0.7, summary
+    assert summary["comm_s"] < summary["wait_s"] / 2, summary
+
+
+@pytest.mark.mpi
+def test_periodic_exchanges_show_in_the_means(tmp_path):
+    # EASGD exchanges every tau=4 steps: the median step has no exchange.
+    path = tmp_path / "run.jsonl"
+    result = check(tmpi("wrap", "-n", "2", "--rule", "easgd", "--rule-option", "tau=4",
+                        "--record", path, SCRIPTS / "straggler.py", "0"))
+    summary = read_records(path)[-1]
+    assert summary["collectives_per_step"] == 1
+    assert summary["mean_collectives_per_step"] == pytest.approx(1.25, abs=0.05), summary
+    assert "1 collective per step (median; mean 1.2" in result.stdout, result.stdout

@@ -7,7 +7,9 @@ Every step is split into
              converting and moving bytes once every rank has arrived (the
              part spent inside MPI is also recorded as ``transfer``);
 ``wait``     waiting at the step's synchronisation point for the slowest rank
-             (a straggler, or an uneven split of the work);
+             (a straggler, or an uneven split of the work): under a lockstep
+             rule measured at the end of the run, as each step's exchange
+             time beyond the shortest rank's (the last to arrive);
 ``data``     time between steps: the script's own work in its loop
              (loading and preparing the batch, logging, and any validation
              pass); reported as "between steps".
@@ -129,13 +131,15 @@ class Recorder:
         if not self.steps:
             return None
         data = np.asarray(self.steps, dtype=np.float64)
+        self._measure_waits(data)
         medians = np.median(data[:, :4], axis=0)
+        means = data[:, :4].mean(axis=0)
         # The training loop's pace: a median step, the time before it
         # included (a validation pass or another test's compile between two
         # steps is no part of it).
         step = np.median(data[:, :4].sum(axis=1))
         ex = self.session.exchanger
-        avg, = ex.allreduce([np.append(medians, step)], op="mean")
+        avg, = ex.allreduce([np.concatenate([medians, [step], means])], op="mean")
         # Every rank counted each step's rows on all ranks: its own total is the job's.
         counted = not np.isnan(data[:, 4]).any()
         samples = data[:, 4].sum() if counted else None
@@ -154,8 +158,41 @@ class Recorder:
             "samples_per_s": float(rate) if counted else None,
             "steps_per_s": float(1.0 / avg[4]) if avg[4] > 0 else float("nan"),
             "collectives_per_step": float(np.median(data[:, 5])),
+            # Means over every step: periodic exchanges (EASGD every tau
+            # steps) and stragglers that the medians above do not show.
+            "mean_comm_s": float(avg[6]),
+            "mean_wait_s": float(avg[7]),
+            "mean_collectives_per_step": float(data[:, 5].mean()),
         }
         return self.last_summary
+
+    #: Steps (the latest) whose exchanges the summary compares across ranks.
+    WAIT_WINDOW = 4096
+
+    def _measure_waits(self, data):
+        """Split each step's exchange into the wait for the slowest rank and
+        the exchange itself, measured: ranks that meet in the same steps
+        (lockstep rules) compare each step's exchange time, and the one
+        that arrived last, whose exchange is the shortest, waited for no
+        one.  So ``wait = exchange - the shortest exchange of that step``.
+
+        Collective: one exchange of every rank's times at the end of the run.
+        """
+        session = self.session
+        if session.size == 1 or session.rule.exchanges != "gradients":
+            return
+        window = data[-self.WAIT_WINDOW:]
+        exchange = window[:, 1] + window[:, 2]
+        table = np.zeros((session.size, self.WAIT_WINDOW + 1))
+        table[session.rank, 0] = len(data)
+        table[session.rank, 1:1 + len(exchange)] = exchange
+        table, = session.exchanger.allreduce([table.ravel()], op="sum")
+        table = table.reshape(session.size, -1)
+        if len(set(table[:, 0])) != 1:
+            return  # ranks took different numbers of steps: nothing to compare
+        shortest = table[:, 1:1 + len(exchange)].min(axis=0)
+        window[:, 2] = exchange - shortest
+        window[:, 1] = shortest
 
     def format_summary(self, summary):
         step = sum(summary[p + "_s"] for p in PHASES)
@@ -168,9 +205,19 @@ class Recorder:
                 else "%.4g steps/s (the batch's rows were not found)" % summary["steps_per_s"])
         text = ("tmpi: %d steps on %d rank(s), %s in the training loop; median step "
                 "%.2f ms = %s" % (summary["steps"], summary["ranks"], pace, step * 1e3, parts))
+        exchange = summary["comm_s"] + summary["wait_s"]
+        mean = summary.get("mean_comm_s", 0.0) + summary.get("mean_wait_s", 0.0)
+        if mean > 1.5 * exchange + 1e-4:
+            # Periodic exchanges (EASGD's every tau steps) or rare long
+            # waits: the median step has none of them.
+            text += "; mean comm %.2f ms + wait %.2f ms per step" % (
+                summary["mean_comm_s"] * 1e3, summary["mean_wait_s"] * 1e3)
         if summary["ranks"] > 1:
             count = summary["collectives_per_step"]
+            mean_count = summary.get("mean_collectives_per_step", count)
             text += "; %g collective%s per step" % (count, "" if count == 1 else "s")
+            if abs(mean_count - count) > 1e-9:
+                text += " (median; mean %.2f)" % mean_count
         from tmpi_adapters.launch.threads import blas_threads
         threads = blas_threads()
         if threads:

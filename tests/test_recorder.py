@@ -1,10 +1,15 @@
 """The recorder: the per-step split, --record JSON lines, --progress and tmpi plot."""
 import json
+import os
+import re
+import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, SCRIPTS, check, tmpi
+from conftest import EXAMPLES, ROOT, RUN_TIMEOUT, SCRIPTS, TMPI, check, rank_env, tmpi
 
 MLP = EXAMPLES / "theano_mlp" / "train.py"
 STEP_KEYS = {"type", "model", "step", "time_s", "compute_s", "comm_s", "wait_s", "data_s",
@@ -123,3 +128,37 @@ def test_periodic_exchanges_show_in_the_means(tmp_path):
     assert summary["collectives_per_step"] == 1
     assert summary["mean_collectives_per_step"] == pytest.approx(1.25, abs=0.05), summary
     assert "1 collective per step (median; mean 1.2" in result.stdout, result.stdout
+
+
+@pytest.mark.mpi
+def test_the_progress_bar_moves_while_the_job_runs():
+    # What a terminal shows: tmpi's stderr as it comes, not only at the end.
+    process = subprocess.Popen([TMPI, "wrap", "-n", "2", "--progress",
+                                SCRIPTS / "slow_steps.py"], env=rank_env(), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = []  # (seconds since start, chunk) of stderr as it arrives
+    start = time.monotonic()
+
+    def read():
+        for chunk in iter(lambda: os.read(process.stderr.fileno(), 4096), b""):
+            seen.append((time.monotonic() - start, chunk.decode("utf-8", "replace")))
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        stdout = process.stdout.read()  # stderr is the reader's alone
+        process.wait(timeout=RUN_TIMEOUT)
+    finally:
+        process.kill()
+    reader.join(timeout=10)
+    ended = time.monotonic() - start
+    assert process.returncode == 0, "".join(c for _, c in seen)
+    text = "".join(c for _, c in seen)
+    assert text.startswith("tmpi: starting 2 ranks"), text[:200]
+    assert "compiling: " in text
+    # Bars with a step count below the last arrived well before the end (3 s of steps).
+    counts = [(at, int(m.group(1))) for at, chunk in seen
+              for m in re.finditer(r"training: (\d+)step", chunk)]
+    assert any(0 < n < 150 and at < ended - 0.5 for at, n in counts), (counts, ended)
+    assert re.search(r"training: 150step .*samples/s=\d+, loss=", text), text[-500:]
+    # The bar's line ends before the summary.
+    assert b"tmpi: 150 steps on 2 rank(s)" in stdout

@@ -229,6 +229,29 @@ def signals_ignored():
     return handled((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), signal.SIG_IGN)
 
 
+def _lines_and_redraws(stream):
+    """The output of ``stream`` (a pipe) in whole lines, and, as soon as it
+    comes, what ends in a carriage return: a progress bar (tqdm, Keras')
+    redraws its line without ending it, and would show only at its end."""
+    fd, pending = stream.fileno(), b""
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        pending += data
+        while pending:
+            cut = pending.find(b"\n") + 1
+            if not cut:
+                if b"\r" in pending:  # redraws: each was flushed whole, pass them on
+                    cut = len(pending)
+                else:
+                    break
+            yield pending[:cut]
+            pending = pending[cut:]
+    if pending:
+        yield pending
+
+
 # ------------------------------------------------------------------ the relay
 
 class OutputRelay:
@@ -367,7 +390,11 @@ class JobWatch:
         sink = sys.stdout.buffer
         held = []      # blank lines and a rule line, until the next line tells
         banner = None  # the lines of a termination banner being read
-        for line in iter(self.process.stdout.readline, b""):
+        for line in _lines_and_redraws(self.process.stdout):
+            if not line.endswith(b"\n") and banner is None:
+                self._write(sink, held + [line])  # a progress bar redrawn in place
+                held = []
+                continue
             if banner is not None:
                 banner.append(line)
                 if _BANNER_RULE.match(line):
@@ -406,7 +433,7 @@ class JobWatch:
 
     def _pump_stderr(self):
         sink = sys.stderr.buffer
-        for line in iter(self.process.stderr.readline, b""):
+        for line in _lines_and_redraws(self.process.stderr):
             noise = _NOISE.match(line)
             if noise:
                 self.aborts.append((int(noise.group(2)), int(noise.group(1))))
@@ -714,6 +741,10 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
         return 0
     if not mpiexec_args:  # with launcher arguments the ranks may run elsewhere
         check_capacity(n, oversubscribe)
+    if options.extra.get("progress"):
+        # Rank 0's bar shows once Theano is imported, seconds from now.
+        sys.stderr.write("tmpi: starting %d ranks (importing Theano) ...\n" % n)
+        sys.stderr.flush()
     env = rank_environment(options, threads_per_rank, n)
     command = [find_mpiexec(mpiexec), "-n", str(n)] + list(mpiexec_args) + [
         sys.executable, "-m", "tmpi_adapters.launch.runtime"] + target_argv(target) + \

@@ -5,7 +5,9 @@ A built-in plugin: :mod:`tmpi_adapters.recording.recorder` does the work;
 this module adds its options and hooks it into a run.
 """
 import os
+import statistics
 import sys
+import threading
 import time
 
 from tmpi_adapters.pluginmanager import hookimpl
@@ -24,22 +26,47 @@ def tmpi_commands():
 
 
 class Progress:
-    """A tqdm bar on rank 0: steps, samples/s and the first scalar outputs.
+    """A tqdm bar on rank 0, from the start of the session: "compiling" until
+    the first step, then steps, samples/s and the first scalar outputs under
+    the script's names.
 
     Its length is the run's steps when the adapter knows them (batches per
-    epoch times epochs).
+    epoch times epochs).  Samples/s is the pace the end-of-run summary
+    reports (the median step's rows over the median step's time, the time
+    before it included), over the latest 64 steps.
     """
 
-    def __init__(self, total=None):
+    def __init__(self):
         from tqdm import tqdm
-        self.bar = tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True,
-                        mininterval=0.5)
+        self.bar = tqdm(total=None, unit="step", file=sys.stderr, dynamic_ncols=True,
+                        mininterval=0.5, desc="compiling")
+        self.steps = []  # (rows, seconds) of the latest steps
+        self.training = False
+        self._done = threading.Event()
+        # tqdm redraws on updates only: the clock moves while nothing is counted.
+        threading.Thread(target=self._tick, name="tmpi-progress", daemon=True).start()
 
-    def update(self, record):
+    def _tick(self):
+        while not self._done.wait(1.0):
+            if not self.training:
+                self.bar.refresh()
+
+    def update(self, record, total=None):
+        """One more step (``total``: the steps the run will take, if known)."""
+        if not self.training:  # the first step: the bar counts steps from here
+            self.training = True
+            self.bar.set_description_str("training", refresh=False)
+            self.bar.reset(total=total)
         self.bar.update(1)
         postfix = {}
-        if record.get("samples_per_s"):
-            postfix["samples/s"] = "%.0f" % record["samples_per_s"]
+        seconds = sum(record[k] for k in ("compute_s", "comm_s", "wait_s", "data_s"))
+        self.steps.append((record.get("samples"), seconds))
+        del self.steps[:-64]
+        if record.get("samples"):
+            rows = statistics.median(r for r, _ in self.steps if r)
+            pace = statistics.median(t for _, t in self.steps)
+            if pace > 0:
+                postfix["samples/s"] = "%.0f" % (rows / pace)
         for name, value in list(record["outputs"].items())[:2]:
             if value is not None:
                 postfix[name] = "%.4g" % value
@@ -47,6 +74,7 @@ class Progress:
             self.bar.set_postfix(postfix, refresh=False)
 
     def close(self):
+        self._done.set()
         self.bar.close()
 
 
@@ -66,8 +94,8 @@ class RecordedRun:
     def __init__(self, session, record, progress):
         self.session = session
         self.log = None
-        self.progress = None
-        self.wants_progress = progress
+        # Shown from the start: compiling is most of a short run's wait.
+        self.progress = Progress() if progress else None
         if record:
             options = session.options
             self.log = RunLog(record, {
@@ -86,10 +114,15 @@ class RecordedRun:
             return
         if self.log is not None:
             self.log.write(record)
-        if self.wants_progress:
-            if self.progress is None:  # opened at the first step, after compilation
-                self.progress = Progress(planned_steps(model))
-            self.progress.update(record)
+        if self.progress is not None:
+            self.progress.update(record, planned_steps(model))
+
+    @hookimpl
+    def tmpi_before_finish(self, session):
+        """Training is over: the bar ends its line before the summary is printed."""
+        if session is self.session and self.progress is not None:
+            self.progress.close()
+            self.progress = None
 
     @hookimpl
     def tmpi_session_end(self, session, error):

@@ -226,6 +226,10 @@ class KerasAdapter(TheanoAdapter):
         _reorder_like(protocol.optimizer_state, getattr(model.optimizer, "weights", []))
         _reorder_like(protocol.model_state, model.non_trainable_weights)
         protocol.scales_learning_rate = lr_scale is not None
+        # The step returns the loss and metrics Keras names ("loss", "acc").
+        names = list(getattr(model, "metrics_names", None) or [])
+        if names and len(names) == len(protocol.output_names or names):
+            protocol.output_names = names
         kinds = metric_kinds(model)
         keras_function.function = KerasStep(self, distributed, moved,
                                             [kinds.get(id(v), "sum") for v in moved],

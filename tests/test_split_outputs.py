@@ -56,7 +56,7 @@ def test_per_row_values_of_a_corrupted_batch_are_the_one_process_rows(streams, s
         shape, values = line.split(") ", 1)
         got_shape, got_values = got[key].split(") ", 1)
         assert got_shape == shape, (key, got[key], line)   # (10,) rows, not (10 / ranks,)
-        if key[2] in ("row_sums", "sorted_rows"):
+        if key[2] in ("row_sums", "row_means", "sorted_rows"):
             # Drawn and summed within each row: the same floats.
             assert got_values == values, (key, got[key], line)
         else:
@@ -93,13 +93,21 @@ def _read(data, graph):
 
 def test_a_draw_each_rank_keeps_its_rows_of_is_per_row():
     import theano.tensor as T
-    from tmpi_adapters.core.outputs import classify
+    from theano.sandbox.rng_mrg import MRG_RandomStreams
+    from tmpi_adapters.core.outputs import UNDECIDED, classify
     x, W, tilde, hidden, _ = _graph()
+    # A script's own pool of noise, sliced by the batch's length: every rank
+    # would take the same rows of it, so its values are not read as per row.
+    start = T.lscalar("start")
+    pool = MRG_RandomStreams(2).uniform((100, 4))[start:start + x.shape[0]]
     outputs = {"rows": T.sum(tilde, axis=1), "row_max": hidden.max(axis=1),
-               "sum": T.sum(tilde, axis=0), "mean": T.mean(hidden), "max": hidden.max()}
+               "row_mean": T.mean(T.sqr(x - tilde), axis=1), "sum": T.sum(tilde, axis=0),
+               "mean": T.mean(hidden), "max": hidden.max(), "scaled": tilde / x.shape[0],
+               "pool": T.sum(pool * x, axis=1)}
     rows = _read([x], list(outputs.values()))
     assert {name: classify(v, {x}, None, rows=rows) for name, v in outputs.items()} == \
-        {"rows": "rows", "row_max": "rows", "sum": "sum", "mean": "mean", "max": "max"}
+        {"rows": "rows", "row_max": "rows", "row_mean": "rows", "sum": "sum",
+         "mean": "mean", "max": "max", "scaled": UNDECIDED, "pool": UNDECIDED}
 
 
 def test_a_value_the_graph_does_not_explain_is_not_called_a_sum_over_rows():

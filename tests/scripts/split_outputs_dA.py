@@ -2,10 +2,10 @@
 
 The tutorials' dA corrupts its input with a random stream; this one also
 returns what a script might print or keep per example: the corrupted
-input's row sums (``T.sum(tilde_x, axis=1)``), the per-row reconstruction
-cost, the column sums (a sum over rows) and, from a second training
-function, the corrupted input sorted along each row (``T.sort``, an op tmpi
-does not read: its rows come back with a warning).
+input's row sums and means (``T.sum(tilde_x, axis=1)``), the per-row
+reconstruction costs and errors, the column sums (a sum over rows) and,
+from a second training function, the corrupted input sorted along each row
+(``T.sort``, an op tmpi does not read: its rows come back with a warning).
 
     python split_outputs_dA.py --streams mrg|shared --style givens|args
 
@@ -42,8 +42,10 @@ hidden = T.nnet.sigmoid(T.dot(tilde_x, W) + b)
 z = T.nnet.sigmoid(T.dot(hidden, W.T) + b_prime)
 L = -T.sum(x * T.log(z) + (1 - x) * T.log(1 - z), axis=1)
 cost = T.mean(L)
-outputs = [("cost", cost), ("row_sums", T.sum(tilde_x, axis=1)), ("row_costs", L),
-           ("row_max", T.max(hidden, axis=1)), ("column_sums", T.sum(tilde_x, axis=0))]
+outputs = [("cost", cost), ("row_sums", T.sum(tilde_x, axis=1)),
+           ("row_means", T.mean(tilde_x, axis=1)), ("row_costs", L),
+           ("row_errors", T.mean(T.sqr(x - z), axis=1)), ("row_max", T.max(hidden, axis=1)),
+           ("column_sums", T.sum(tilde_x, axis=0))]
 sorted_rows = T.sort(tilde_x, axis=1)   # one value per row, through an op tmpi does not read
 
 

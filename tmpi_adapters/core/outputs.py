@@ -433,24 +433,22 @@ class Combiner:
 
     def _decide(self, values, rows):
         """Per-row or not, the same on every rank: a value is gathered as rows
-        when on every rank its batch axis has that rank's rows.  The graph
-        did not show that each such row is computed from its example alone,
-        so the run says that they may not be the one-process rows."""
+        when on every rank its batch axis has that rank's rows, and averaged
+        otherwise.  The graph did not tell, so the run says so."""
         undecided = [i for i, kind in enumerate(self.kinds) if kind == UNDECIDED]
         local = [np.ndim(values[i]) > self.axes[i] and np.shape(values[i])[self.axes[i]] == rows
                  for i in undecided]
         votes = self.session.exchanger.allgather_object(local)
         for k, i in enumerate(undecided):
             self.kinds[i] = "rows" if all(v[k] for v in votes) else "mean"
-        gathered = [i for i in undecided if self.kinds[i] == "rows"]
-        if gathered:
-            self.session.print(
-                "tmpi: warning: %s returns one value per example as value(s) %s, gathered from "
-                "the ranks' shares of the batch; tmpi cannot tell from the graph whether each "
-                "of them depends on its own example only (a scan, a random draw or an op tmpi "
-                "does not read), so they may differ from the one-process values. Name a value "
-                "'<name>:mean' or '<name>:sum' if it is a reduction over the batch."
-                % (self.name, ", ".join(map(str, gathered))), file=sys.stderr)
+        done = {"rows": "gathered as one value per example, each rank's computed from its "
+                        "own share of the batch (they may differ from the one-process rows)",
+                "mean": "averaged over the ranks, weighted by their rows"}
+        self.session.print(
+            "tmpi: warning: %s: the graph does not show how its returned values combine "
+            "across ranks: %s. Name a value '<name>:mean' or '<name>:sum' to say how it "
+            "combines." % (self.name, "; ".join("value %d is %s" % (i, done[self.kinds[i]])
+                                                for i in undecided)), file=sys.stderr)
 
 
 def _exact_sum(pieces):

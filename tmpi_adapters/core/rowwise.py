@@ -94,6 +94,9 @@ def _node_marks(rows, node, ins):
         if ins[0] == 0 and rows.layout.is_batch_size(rows.layout.size_of(node.outputs[0], 0)):
             return [0]
         return [MIXED]
+    # A length of axes that are not split (``x.shape[1]`` in ``T.mean(v,
+    # axis=1)``) is the same on every rank and in the one process.
+    ins = [SAME if m == SHAPE and _unsplit_size(rows, v) else m for m, v in zip(ins, node.inputs)]
     if any(m == MIXED or m == SHAPE for m in ins):
         return [MIXED] * n
     axes = {m for m in ins if m is not SAME}
@@ -135,11 +138,25 @@ def _node_marks(rows, node, ins):
     return [MIXED] * n
 
 
+def _unsplit_size(rows, variable):
+    """True when ``variable`` is a product of known lengths, none the batch's."""
+    factors = rows.layout.factors(variable)
+    return factors is not None and all(
+        f is not None and not rows.layout.is_batch_size(f) for f in factors)
+
+
+#: The shared variable whose values say which rows of a draw made for the
+#: whole batch a rank keeps (:mod:`tmpi_adapters.frameworks.random_streams`).
+NOISE_WINDOW = "tmpi_noise_window"
+
+
 def _keeps_rank_rows(rows, node):
-    """``draw[s:s + n]``, ``n`` the rank's rows, of a value computed without
-    the batch's values: a random draw made for the whole batch of which each
-    rank keeps its own rows (:mod:`tmpi_adapters.frameworks.random_streams`),
-    so that row ``i`` is the one-process row ``i``'s."""
+    """``draw[s:s + n]``, ``n`` the rank's rows and ``s`` read from the
+    :data:`NOISE_WINDOW`, of a value computed without the batch's values: a
+    random draw made for the whole batch of which each rank keeps its own
+    rows, so that row ``i`` is the one-process row ``i``'s.  (A script's own
+    ``pool[i:i + n]`` would give every rank the same rows: not per row.)"""
+    from theano.gof.graph import inputs
     from theano.tensor.subtensor import get_idx_list
     index = get_idx_list(node.inputs, node.op.idx_list)
     if not index or not isinstance(index[0], slice) or index[0].step is not None:
@@ -147,7 +164,8 @@ def _keeps_rank_rows(rows, node):
     start, stop = _uncast(index[0].start), _uncast(index[0].stop)
     owner = getattr(stop, "owner", None)
     if start is None or owner is None or type(owner.op).__name__ != "Elemwise" \
-            or type(owner.op.scalar_op).__name__ != "Add" or len(owner.inputs) != 2:
+            or type(owner.op.scalar_op).__name__ != "Add" or len(owner.inputs) != 2 \
+            or not any(getattr(v, "name", None) == NOISE_WINDOW for v in inputs([start])):
         return False
     first, second = owner.inputs
     length = second if first is start else (first if second is start else None)

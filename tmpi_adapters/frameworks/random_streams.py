@@ -40,6 +40,7 @@ import inspect
 import numpy as np
 
 from tmpi_adapters.core.function import DistributedFunction
+from tmpi_adapters.core.rowwise import NOISE_WINDOW
 
 #: The drawing methods split, per streams class: ``(module, class, names)``.
 _STREAMS = (("theano.sandbox.rng_mrg", "MRG_RandomStreams", ("uniform", "binomial", "normal")),
@@ -60,7 +61,7 @@ class NoiseWindow:
     def __init__(self):
         import theano
         self.coefficients = theano.shared(np.array([0, 1, 0, 0], dtype="int64"),
-                                          name="tmpi_noise_window")
+                                          name=NOISE_WINDOW)
 
     def _set(self, *values):
         self.coefficients.set_value(np.array(values, dtype="int64"), borrow=True)

@@ -1,6 +1,7 @@
 """The tmpi command: plugins listing, clear errors, rank-0 output, the decorator."""
 import json
 import re
+import subprocess
 import sys
 
 import pytest
@@ -188,6 +189,44 @@ def test_a_decorator_argument_tmpi_wrap_cannot_read_is_an_error(tmp_path):
     assert "Pass it on tmpi wrap's command line" in result.stderr
 
 
+def test_a_framework_other_than_the_scripts_is_named():
+    keras = tmpi("wrap", "--framework", "theano", SCRIPTS / "keras_mlp.py", "--help",
+                 env=rank_env(KERAS_BACKEND="theano"))
+    assert "tmpi: note: '%s' uses keras, but --framework theano was given" \
+        % (SCRIPTS / "keras_mlp.py") in keras.stderr, keras.stderr
+    assert "Leave --framework out to let tmpi pick keras." in keras.stderr
+    theano = tmpi("wrap", "--framework", "keras", SCRIPTS / "sharded_data.py", "args", "same")
+    assert "uses theano, but --framework keras was given: it imports none of keras" \
+        in theano.stderr, theano.stderr
+
+
+def while_the_compile_lock_is_held(compiledir, *options):
+    """``tmpi wrap -n 2 OPTIONS`` of a small script on a cold compile cache
+    whose lock another process holds for its first seconds: every rank
+    waits on it, and Theano says so every second."""
+    env = rank_env()
+    env["THEANO_FLAGS"] += ",base_compiledir=%s,compile.wait=1" % compiledir
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time\nfrom theano.gof import compilelock\n"
+         "compilelock.get_lock()\nprint('held', flush=True)\ntime.sleep(6)\n"
+         "compilelock.release_lock()\n"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        return check(tmpi("wrap", "-n", "2", *options, SCRIPTS / "sharded_data.py", "args",
+                          "same", env=env))
+    finally:
+        holder.kill()
+
+
+@pytest.mark.mpi
+def test_theanos_compile_lock_notes_stay_out_of_the_output(tmp_path):
+    quiet = while_the_compile_lock_is_held(tmp_path / "quiet")
+    assert "compilelock" not in quiet.stderr, quiet.stderr
+    # The notes were there to be kept out: --all-ranks-output shows them.
+    loud = while_the_compile_lock_is_held(tmp_path / "loud", "--all-ranks-output")
+    assert "[rank 0] INFO (theano.gof.compilelock): Waiting for existing lock" in loud.stderr
+
+
 @pytest.mark.mpi
 def test_script_without_training_function_is_warned_once_and_succeeds():
     script = SCRIPTS / "no_training.py"
@@ -244,5 +283,7 @@ def test_decorator_under_mpiexec_matches_plain_python():
     one = check(run([sys.executable, script]))
     two = check(mpiexec(2, sys.executable, script))
     assert two.stdout.count("final loss") == 1
+    # The ranks share the cores, as under tmpi wrap (this machine: 2 cores).
+    assert "; 1 BLAS thread per rank" in two.stdout, two.stdout[-500:]
     for key in ("loss", "norms"):
         assert_close(final_numbers(two.stdout, key), final_numbers(one.stdout, key), 1e-8)

@@ -189,13 +189,22 @@ def cmd_wrap(argv):
     options = options_from_args(namespace, given_dests(ours, parser))
     from tmpi_adapters.launch.launcher import check_target, launch
     check_target(target)
+    from tmpi_adapters.launch.runtime import detect_framework
+    detected = detect_framework(target)
     if not options.framework:
-        from tmpi_adapters.launch.runtime import detect_framework
-        options.framework = detect_framework(target)
+        options.framework = detected
         if options.framework is None:
             raise TmpiError("could not tell which framework %s uses (it imports none of "
                             "theano, keras, lasagne, blocks); pass --framework."
                             % _describe_target(target))
+    elif detected and detected != options.framework:
+        what = ("%s's own parts (its fit loop, callbacks, metrics or extensions) are not "
+                "handled the %s way" % (detected, detected) if detected != "theano" else
+                "it imports none of keras, lasagne, blocks")
+        print("tmpi: note: %s uses %s, but --framework %s was given: %s. Leave --framework "
+              "out to let tmpi pick %s." % (_describe_target(target), detected,
+                                             options.framework, what, detected),
+              file=sys.stderr)
     n = 1 if namespace.n is None else namespace.n
     check_choices(options, n)
     code = launch(target, rest, options, n=n, mpiexec=namespace.mpiexec,

@@ -165,6 +165,10 @@ def _run_distributed(main, args, kwargs, framework, rule, rule_options, options)
     opts = _options(main, framework, rule, rule_options, options)
     rank, size = runtime.mpi_rank_size()
     runtime.route_output(opts, rank, size)
+    from mpi4py import MPI
+    from tmpi_adapters.launch.threads import share_cores
+    share_cores(MPI.COMM_WORLD)
+    runtime.quiet_compile_lock(opts, size)
     from tmpi_adapters.core.session import Session
     session = None
     try:

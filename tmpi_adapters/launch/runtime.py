@@ -370,8 +370,20 @@ def end_after_failure(session, error, rank, size):
     fail(error, rank, size)
 
 
+def quiet_compile_lock(options, size):
+    """Theano's notes that a process waits for the compile cache's lock
+    (``INFO (theano.gof.compilelock)``) are about tmpi's own ranks waiting
+    for each other: kept out of the output unless every rank's is shown."""
+    if size > 1 and not options.all_ranks_output:
+        import logging
+        # A filter, not a level: Theano sets the logger's level when it loads.
+        logging.getLogger("theano.gof.compilelock").addFilter(
+            lambda record: record.levelno > logging.INFO)
+
+
 def import_theano_in_rank_order(options, rank, size):
     """Import Theano on rank 0 first so a cold compile cache is built once."""
+    quiet_compile_lock(options, size)
     if options.compile_dirs == "per-rank":
         base = os.environ.get("TMPI_COMPILE_BASE") or os.path.join(
             os.path.expanduser("~"), ".theano")

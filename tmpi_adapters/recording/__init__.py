@@ -133,6 +133,8 @@ class RecordedRun:
             self.progress.close()
         if self.log is not None:
             summary = session.recorder.last_summary
+            if session.recorder.measured is not None:
+                self.log.write(session.recorder.measured)  # the steps' waits, measured
             if summary is not None:
                 self.log.write(summary)
             if error is not None:

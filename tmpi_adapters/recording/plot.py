@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.recording.recorder import LABELS
 
 #: Colours of the time split, the same in every figure.
 PHASE_COLOURS = {"compute": "#4c72b0", "comm": "#dd8452", "wait": "#c44e52", "data": "#8c8c8c"}
@@ -68,11 +69,26 @@ def _pyplot():
     return plt
 
 
+#: Colours of the outputs' curves (matplotlib's default cycle).
+PLOT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+
+
+def _label(key, models):
+    model, name = key
+    return name if len(models) == 1 else "%s: %s" % (model, name)
+
+
 def plot_run(records, output, window):
     """Outputs, time split and throughput of a recorded run, to ``output``."""
     plt = _pyplot()
     header = next((r for r in records if r.get("type") == "run"), {})
     steps = [r for r in records if r.get("type") == "step"]
+    # The run's end measured each step's wait for the slowest rank (rank 0's).
+    for waits in (r for r in records if r.get("type") == "waits"):
+        first = waits["first_step"] - 1
+        for i, (comm, wait) in enumerate(zip(waits["comm_s"], waits["wait_s"])):
+            if first + i < len(steps):
+                steps[first + i] = dict(steps[first + i], comm_s=comm, wait_s=wait)
     x = np.arange(1, len(steps) + 1)
     models = sorted({s.get("model") for s in steps}, key=str)
     fig, (ax_out, ax_time, ax_rate) = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
@@ -83,23 +99,33 @@ def plot_run(records, output, window):
             key = (s.get("model"), name)
             if key not in names:
                 names.append(key)
-    for model, name in names:
+    # The first output (the loss) on the left axis, the others (accuracy and
+    # other metrics, often on another scale) on the right one.
+    axes, colours = [ax_out], iter(PLOT_COLOURS)
+    for k, (model, name) in enumerate(names):
+        if k == 1:
+            axes.append(ax_out.twinx())
+        axis = axes[min(k, 1)]
         values = [s["outputs"].get(name) if s.get("model") == model else None for s in steps]
         values = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
         label = name if len(models) == 1 else "%s: %s" % (model, name)
-        ax_out.plot(x, values, ".", markersize=2, alpha=0.3)
-        ax_out.plot(x, rolling_median(values, window), label=label,
-                    color=ax_out.lines[-1].get_color())
+        colour = next(colours, None)
+        axis.plot(x, values, ".", markersize=2, alpha=0.3, color=colour)
+        axis.plot(x, rolling_median(values, window), label=label, color=colour)
     if names:
-        ax_out.legend(loc="best")
+        handles = [h for axis in axes for h in axis.get_legend_handles_labels()[0]]
+        ax_out.legend(handles, [h.get_label() for h in handles], loc="best")
+        ax_out.set_ylabel(_label(names[0], models))
+        if len(axes) > 1:
+            axes[1].set_ylabel(", ".join(_label(n, models) for n in names[1:]))
     else:
         ax_out.text(0.5, 0.5, "the training function returned no scalars",
                     ha="center", va="center", transform=ax_out.transAxes)
-    ax_out.set_ylabel("training function outputs")
+        ax_out.set_ylabel("training function outputs")
 
     stacked = [rolling_median([s[p + "_s"] * 1e3 for s in steps], window)
                for p in PHASE_COLOURS]
-    ax_time.stackplot(x, *stacked, labels=list(PHASE_COLOURS),
+    ax_time.stackplot(x, *stacked, labels=[LABELS[p] for p in PHASE_COLOURS],
                       colors=list(PHASE_COLOURS.values()), alpha=0.85)
     ax_time.set_ylabel("ms per step (median of %d)" % window)
     ax_time.legend(loc="upper right", ncol=4)

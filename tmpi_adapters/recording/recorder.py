@@ -54,6 +54,7 @@ class Recorder:
         self.steps = []
         self._last = self._last_record = None
         self.last_summary = None
+        self.measured = None
         self.started = time.perf_counter()
         self._step_start = None
         self._last_end = None
@@ -193,6 +194,9 @@ class Recorder:
         shortest = table[:, 1:1 + len(exchange)].min(axis=0)
         window[:, 2] = exchange - shortest
         window[:, 1] = shortest
+        #: what ``--record`` adds for ``tmpi plot``: this rank's measured split
+        self.measured = {"type": "waits", "first_step": len(data) - len(window) + 1,
+                         "comm_s": window[:, 1].tolist(), "wait_s": window[:, 2].tolist()}
 
     def format_summary(self, summary):
         step = sum(summary[p + "_s"] for p in PHASES)

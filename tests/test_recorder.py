@@ -22,6 +22,11 @@ def read_records(path):
 
 def check_record(records, ranks, rows=1500, batches=24):
     header, steps, summary = records[0], records[1:-1], records[-1]
+    if ranks > 1:  # the steps' waits, measured across ranks at the end
+        waits, steps = steps[-1], steps[:-1]
+        assert waits["type"] == "waits" and waits["first_step"] == 1
+        assert len(waits["wait_s"]) == len(waits["comm_s"]) == batches
+        assert all(w >= 0 for w in waits["wait_s"]) and all(c >= 0 for c in waits["comm_s"])
     assert header["type"] == "run" and header["ranks"] == ranks and header["rule"] == "bsp"
     assert len(steps) == batches and all(s["type"] == "step" for s in steps)
     for i, s in enumerate(steps, 1):

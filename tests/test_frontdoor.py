@@ -288,6 +288,24 @@ def test_plain_python_pytest_and_mpiexec_python_run_2017_era_scripts():
     assert result.stdout.count("lasagne 0.1 trained") == 2
 
 
+def test_the_start_up_hook_imports_nothing_heavy():
+    # Every python of the venv runs the hook: it may load tmpi's small compat
+    # module, and the shims wait for the libraries they are for.
+    purelib = sysconfig.get_paths()["purelib"]
+    if not os.path.exists(os.path.join(purelib, "tmpi_adapters_shims.pth")):
+        pytest.skip("the start-up hook is not installed here (make install writes it)")
+    result = check(run([sys.executable, "-c", "import sys; print(' '.join(sorted(sys.modules)))"],
+                       env=plain_env()))
+    loaded = set(result.stdout.split())
+    assert "tmpi_adapters.launch.compat" in loaded
+    assert {m for m in loaded if m.startswith("tmpi_adapters")} <= {
+        "tmpi_adapters", "tmpi_adapters.launch", "tmpi_adapters.launch.compat",
+        "tmpi_adapters.version"}, loaded
+    heavy = {"numpy", "theano", "mpi4py", "pluggy", "keras", "lasagne", "json", "logging",
+             "subprocess", "threading"} & loaded
+    assert not heavy, heavy
+
+
 def test_the_venvs_pip_installs_a_plugin_by_name():
     if not os.path.exists(os.path.join(sys.prefix, "pip.conf")):
         pytest.skip("this venv has no pip.conf naming dist/ (make install writes it)")

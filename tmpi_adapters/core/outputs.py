@@ -293,6 +293,10 @@ class Ratio:
             variable = inputs[0]
         return variable, divisors
 
+    def divisors(self, variable):
+        """The divisors under ``variable``, from the top."""
+        return self._pieces(variable)[1]
+
     def parts(self, variable):
         """What to compile in place of ``variable`` (this ratio's value, or a
         clone of its graph): a float64 vector of its sum and divisors."""
@@ -300,18 +304,28 @@ class Ratio:
         total, divisors = self._pieces(variable)
         return T.stack([T.cast(v, "float64") for v in [total] + divisors])
 
-    def compile(self, variable, function):
+    def compile(self, variable, function, folded):
         """Compile, with ``function`` (``theano.function``), what divides the
-        combined parts as ``variable``'s graph does (its constants kept)."""
+        combined parts as ``variable``'s graph does.  ``folded``: per divisor,
+        the constant the one process's optimizer made of it (a batch size the
+        graph declares: ``s / 10`` becomes ``s * 0.1``) or ``None``; such
+        divisors stay constants, so that the division is folded alike."""
         import theano
-        from theano.gof import Constant
+        import theano.tensor as T
         total, divisors = self._pieces(variable)
         summed = [True] + [step for step in self.steps if step is not None]
-        fed = [(k, v) for k, v in enumerate([total] + divisors) if not isinstance(v, Constant)]
-        inputs = [v.type() for _, v in fed]
-        self._fed = [(k, summed[k], v.dtype) for k, v in fed]
-        self._finish = function(inputs, theano.clone(variable, replace=dict(
-            (v, i) for (_, v), i in zip(fed, inputs))))
+        constants = [None] + list(folded)
+        replace, inputs = {}, []
+        for k, v in enumerate([total] + divisors):
+            if isinstance(v, theano.gof.Constant):
+                continue
+            if constants[k] is not None:
+                replace[v] = T.constant(np.asarray(constants[k], dtype=v.dtype))
+                continue
+            replace[v] = v.type()
+            inputs.append(replace[v])
+            self._fed.append((k, summed[k], v.dtype))
+        self._finish = function(inputs, theano.clone(variable, replace=replace))
 
     def combine(self, pieces):
         """The value, from the :meth:`parts` of every rank that counts."""

@@ -142,8 +142,10 @@ def split_evaluation(adapter, bound, output_list, rebuild_outputs, update_pairs,
     if ratios:
         def divide(inputs, output):
             return adapter._original_function(inputs, output, mode=bound.arguments.get("mode"))
+        divisors = {i: ratio.divisors(outputs[i]) for i, ratio in ratios.items()}
+        folded = iter(_folded(adapter, bound, [d for i in ratios for d in divisors[i]]))
         for i, ratio in ratios.items():
-            ratio.compile(outputs[i], divide)
+            ratio.compile(outputs[i], divide, [next(folded) for _ in divisors[i]])
         output_list = [_parts(ratios[i], o) if i in ratios else o
                        for i, o in enumerate(output_list)]
         bound = inspect.BoundArguments(bound.signature, dict(bound.arguments))
@@ -155,6 +157,19 @@ def split_evaluation(adapter, bound, output_list, rebuild_outputs, update_pairs,
                          Combiner(session, kinds, row_axes(rows, graph), name=key,
                                   ratios=ratios),
                          rebuild_outputs.single, first_split=first_split)
+
+
+def _folded(adapter, bound, variables):
+    """Per variable, the constant the optimizer makes of it in the function
+    one process compiles (a count of rows the graph declares), or ``None``."""
+    from theano.gof import Constant
+    arguments = dict(bound.arguments, outputs=list(variables), on_unused_input="ignore")
+    found = []
+    for output in adapter._original_function(**arguments).maker.fgraph.outputs:
+        while output.owner is not None and type(output.owner.op).__name__ == "DeepCopyOp":
+            output = output.owner.inputs[0]
+        found.append(output.data if isinstance(output, Constant) else None)
+    return found
 
 
 def _parts(ratio, output):

@@ -13,7 +13,8 @@ def distributed(framework=None, rule="bsp", rule_options=None, **options):
     training functions distributed; under plain ``python script.py`` it runs on
     one process; under ``tmpi wrap`` the wrap's session is used: it started
     with the decorator's options (read from the script's text,
-    :func:`declared_options`) except those its command line names.
+    :func:`~tmpi_adapters.launch.runtime.declared_options`) except those its
+    command line names.
 
     Parameters
     ----------
@@ -77,69 +78,6 @@ def _check_joined(session_options, framework, rule, rule_options, options):
                 "with %s=%r: it reads the decorator's arguments from the script before "
                 "running it, and this one is not a literal. Pass it on tmpi wrap's command "
                 "line instead (or write it as a literal)." % (key, value, key, current))
-
-
-#: The decorator's parameters before ``**options``, in order.
-_POSITIONAL = ("framework", "rule", "rule_options")
-
-
-def declared_options(source):
-    """The options a script's ``@distributed(...)`` sets, read from its text
-    without running it: ``(options, unread)``.
-
-    ``tmpi wrap`` starts its session before the script runs, so it reads the
-    decorator's literal arguments here (``rule="easgd"``, ``seed=1``,
-    ``rule_options={"tau": 4}``) and starts with them; ``unread`` names the
-    arguments that are not literals (a variable), which it cannot know.
-    """
-    import ast
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return {}, []
-    found, unread = {}, set()
-    for call in ast.walk(tree):
-        if not isinstance(call, ast.Call):
-            continue
-        func = call.func
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-        if name != "distributed":
-            continue
-        named = list(zip(_POSITIONAL, call.args)) + [
-            (k.arg, k.value) for k in call.keywords if k.arg]
-        for key, value in named:
-            try:
-                value = ast.literal_eval(value)
-            except ValueError:
-                unread.add(key)
-                continue
-            if key in found and found[key] != value:
-                unread.add(key)  # two calls that disagree: which one runs is not known
-            found.setdefault(key, value)
-    return {k: v for k, v in found.items() if k not in unread}, sorted(unread)
-
-
-def apply_declared(options, declared, explicit):
-    """``options`` with the decorator's ``declared`` values for every option
-    the command line did not set (``explicit``: the fields and plugin
-    options it named); returns the options the command line overrode."""
-    from dataclasses import fields
-    known = {f.name for f in fields(Options)}
-    overridden = {}
-    for key, value in declared.items():
-        if key in explicit:
-            current = getattr(options, key, None) if key in known else options.extra.get(key)
-            if current != value:
-                overridden[key] = (current, value)
-            continue
-        if key == "rule_options":
-            options.rule_options = dict(value or {}, **options.rule_options)
-        elif key in known:
-            setattr(options, key, value)
-        else:
-            options.extra[key] = value
-    options.validate()
-    return overridden
 
 
 def _options(main, framework, rule, rule_options, options):

@@ -423,7 +423,6 @@ def wait_for_every_rank(options, size):
 def take_decorator_options(options, target, rank):
     """Start with the options the script's ``@distributed(...)`` sets, for
     every option the command line did not name (those win, said once)."""
-    from tmpi_adapters.launch.decorator import apply_declared, declared_options
     try:
         with open(target_file(target), encoding="utf-8", errors="replace") as handle:
             source = handle.read()
@@ -438,6 +437,69 @@ def take_decorator_options(options, target, rank):
               % ", ".join("%s (%r, not %r)" % (key, ours, theirs)
                           for key, (ours, theirs) in sorted(overridden.items())),
               file=sys.stderr, flush=True)
+
+
+#: The decorator's parameters before ``**options``, in order.
+_POSITIONAL = ("framework", "rule", "rule_options")
+
+
+def declared_options(source):
+    """The options a script's ``@distributed(...)`` sets, read from its text
+    without running it: ``(options, unread)``.
+
+    ``tmpi wrap`` starts its session before the script runs, so it reads the
+    decorator's literal arguments here (``rule="easgd"``, ``seed=1``,
+    ``rule_options={"tau": 4}``) and starts with them; ``unread`` names the
+    arguments that are not literals (a variable), which it cannot know.
+    """
+    import ast
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return {}, []
+    found, unread = {}, set()
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call):
+            continue
+        func = call.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name != "distributed":
+            continue
+        named = list(zip(_POSITIONAL, call.args)) + [
+            (k.arg, k.value) for k in call.keywords if k.arg]
+        for key, value in named:
+            try:
+                value = ast.literal_eval(value)
+            except ValueError:
+                unread.add(key)
+                continue
+            if key in found and found[key] != value:
+                unread.add(key)  # two calls that disagree: which one runs is not known
+            found.setdefault(key, value)
+    return {k: v for k, v in found.items() if k not in unread}, sorted(unread)
+
+
+def apply_declared(options, declared, explicit):
+    """``options`` with the decorator's ``declared`` values for every option
+    the command line did not set (``explicit``: the fields and plugin
+    options it named); returns the options the command line overrode."""
+    import dataclasses
+    known = {f.name for f in dataclasses.fields(Options)}
+    overridden = {}
+    for key, value in declared.items():
+        if key in explicit:
+            current = getattr(options, key, None) if key in known else options.extra.get(key)
+            if current != value:
+                overridden[key] = (current, value)
+            continue
+        if key == "rule_options":
+            options.rule_options = dict(value or {}, **options.rule_options)
+        elif key in known:
+            setattr(options, key, value)
+        else:
+            options.extra[key] = value
+    options.validate()
+    return overridden
 
 
 def detect_framework(target, pm=None):

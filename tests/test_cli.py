@@ -162,7 +162,7 @@ def test_tmpi_wrap_keeps_what_the_decorator_sets(tmp_path):
 
 
 def test_decorator_arguments_are_read_from_the_script_without_running_it():
-    from tmpi_adapters.launch.runtime import apply_declared, declared_options
+    from tmpi_adapters.launch.target import apply_declared, declared_options
     from tmpi_adapters.options import Options
     declared, unread = declared_options(
         "import tmpi_adapters as tmpi\nSEED = 3\n"

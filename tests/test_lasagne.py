@@ -49,7 +49,7 @@ def mlp_one_rank():
 
 
 def test_framework_is_detected_from_the_scripts_imports():
-    from tmpi_adapters.launch.runtime import detect_framework
+    from tmpi_adapters.launch.target import detect_framework
     assert detect_framework(str(MNIST)) == "lasagne"
     assert detect_framework(str(EXAMPLES / "theano_mlp" / "train.py")) == "theano"
 

@@ -83,7 +83,8 @@ import tempfile
 import threading
 
 from tmpi_adapters.frameworks.closing import layered
-from tmpi_adapters.launch.runtime import is_library_frame, job_dir
+from tmpi_adapters.launch.failure import is_library_frame
+from tmpi_adapters.launch.jobdir import job_dir
 
 #: tmpi's own files (its checkpoints, its records) are written by tmpi's rules.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep

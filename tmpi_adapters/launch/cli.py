@@ -189,7 +189,7 @@ def cmd_wrap(argv):
     options = options_from_args(namespace, given_dests(ours, parser))
     from tmpi_adapters.launch.launcher import check_target, launch
     check_target(target)
-    from tmpi_adapters.launch.runtime import detect_framework
+    from tmpi_adapters.launch.target import detect_framework
     detected = detect_framework(target)
     if not options.framework:
         options.framework = detected

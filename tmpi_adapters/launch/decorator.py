@@ -13,7 +13,7 @@ def distributed(framework=None, rule="bsp", rule_options=None, **options):
     training functions distributed; under plain ``python script.py`` it runs on
     one process; under ``tmpi wrap`` the wrap's session is used: it started
     with the decorator's options (read from the script's text,
-    :func:`~tmpi_adapters.launch.runtime.declared_options`) except those its
+    :func:`~tmpi_adapters.launch.target.declared_options`) except those its
     command line names.
 
     Parameters
@@ -91,18 +91,18 @@ def _options(main, framework, rule, rule_options, options):
                           **chosen)
     result.framework = framework or base.framework
     if not result.framework:
-        from tmpi_adapters.launch.runtime import detect_framework
+        from tmpi_adapters.launch.target import detect_framework
         script = getattr(sys.modules.get(main.__module__), "__file__", None)
         result.framework = (detect_framework(script) if script else None) or "theano"
     return result
 
 
 def _run_distributed(main, args, kwargs, framework, rule, rule_options, options):
-    from tmpi_adapters.launch import compat, runtime
+    from tmpi_adapters.launch import compat, failure, output, runtime
     compat.apply()
     opts = _options(main, framework, rule, rule_options, options)
     rank, size = runtime.mpi_rank_size()
-    runtime.route_output(opts, rank, size)
+    output.route_output(opts, rank, size)
     from mpi4py import MPI
     from tmpi_adapters.launch.threads import share_cores
     share_cores(MPI.COMM_WORLD)
@@ -121,7 +121,7 @@ def _run_distributed(main, args, kwargs, framework, rule, rule_options, options)
             if exit_.code in (None, 0):
                 session.finish()
             else:
-                runtime.finish_after_failure(session, exit_)
+                failure.finish_after_failure(session, exit_)
             raise
         session.finish()
         return result
@@ -130,9 +130,9 @@ def _run_distributed(main, args, kwargs, framework, rule, rule_options, options)
     except BaseException as error:  # noqa: B902 - every failure must end the job
         if size == 1 and not isinstance(error, TmpiError):
             # One process: the script's own exception, as plain python raises it.
-            runtime.finish_after_failure(session, error)
+            failure.finish_after_failure(session, error)
             raise
-        runtime.end_after_failure(session, error, rank, size)
+        failure.end_after_failure(session, error, rank, size)
 
 
 __all__ = ["distributed"]

@@ -3,7 +3,7 @@ directories killed launchers left behind.
 
 ``tmpi wrap`` makes one ``tmpi-job-*`` directory per job in the temporary
 directory and names itself in it (:func:`claim_job_dir`); each rank writes
-its files there (:func:`tmpi_adapters.launch.runtime.rank_file`).  The
+its files there (:func:`rank_file`).  The
 launcher removes it when the job ends, also on SIGINT and SIGTERM; a launcher
 killed with SIGKILL cannot, so every launch first sweeps the directories whose
 launcher is gone (:func:`sweep_job_dirs`).
@@ -15,7 +15,6 @@ import socket
 import tempfile
 import time
 
-from tmpi_adapters.launch.runtime import JOB_DIR_ENV, rank_file
 
 #: The job directory's name, and the file in it that names its launcher
 #: (``"<pid> <start time> <host>"``), so that a later launch can tell a
@@ -28,6 +27,38 @@ UNCLAIMED_AGE = 24 * 3600.0
 
 
 # ------------------------------------------------------------- the rank files
+
+#: The job directory of a rank ``tmpi wrap`` started (its environment).
+JOB_DIR_ENV = "TMPI_JOB_DIR"
+
+
+def job_dir():
+    return os.environ.get(JOB_DIR_ENV)
+
+
+def rank_file(directory, rank, kind):
+    """``<directory>/rank<N>.<kind>``: the files a rank leaves for the launcher.
+
+    ``pid`` (``"<pid> <host>"``, written at start), ``stderr`` (non-zero
+    ranks' stderr), ``done`` (the script finished), ``exit`` (the script
+    ended with a non-zero ``sys.exit``; holds the status), ``failed`` (a
+    failure was reported and the job is being aborted).
+    """
+    return os.path.join(directory, "rank%d.%s" % (rank, kind))
+
+
+def mark(rank, kind, text=""):
+    """Leave ``rank<N>.<kind>`` in the job directory (no-op outside ``tmpi wrap``)."""
+    directory = job_dir()
+    if not directory:
+        return
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(rank_file(directory, rank, kind), "w") as handle:
+            handle.write(text)
+    except OSError:
+        pass  # the launcher only loses a detail of its final message
+
 
 class RankInfo:
     """What the launcher knows of one rank from its files in the job directory."""

@@ -14,8 +14,8 @@ A built-in plugin.  Its options (``tmpi wrap --help``, or keyword arguments of
 The pieces live in :mod:`~tmpi_adapters.reliability.watchdog` (heartbeats and
 stall reports), :mod:`~tmpi_adapters.reliability.checkpoint` (checkpoint files,
 exact resume by replay) and :mod:`~tmpi_adapters.reliability.nonfinite`;
-failed and killed ranks are handled by :mod:`~tmpi_adapters.launch.runtime`
-and :mod:`~tmpi_adapters.launch.launcher`.
+failed and killed ranks are handled by :mod:`~tmpi_adapters.launch.failure`
+and :mod:`~tmpi_adapters.launch.watch`.
 """
 import argparse
 import dataclasses
@@ -233,7 +233,7 @@ def _leaving(error):
     ``sys.exit`` (the others may still be training), else ``None``."""
     if not isinstance(error, SystemExit):
         return None
-    from tmpi_adapters.launch.runtime import exit_status
+    from tmpi_adapters.launch.target import exit_status
     from tmpi_adapters.reliability.watchdog import where_in_script
     status = exit_status(error.code)
     if not status:

@@ -48,7 +48,7 @@ def format_ranks(ranks):
 
 def where_in_script(frame, limit=64):
     """``"train.py:57 in main: loss = train_fn(x, y)"`` for the innermost user frame."""
-    from tmpi_adapters.launch.runtime import is_library_frame
+    from tmpi_adapters.launch.failure import is_library_frame
     depth = 0
     while frame is not None and depth < limit:
         code = frame.f_code
@@ -328,7 +328,7 @@ class Watchdog:
             while not self._stop.wait(self.interval):
                 self.tick()
         except Exception as error:  # noqa: B902 - the watchdog must never kill a rank
-            from tmpi_adapters.launch.runtime import report
+            from tmpi_adapters.launch.output import report
             report("tmpi: watchdog of rank %d stopped: %s: %s"
                    % (self.rank, type(error).__name__, error))
 
@@ -393,7 +393,8 @@ class Watchdog:
         statuses = {r: self.statuses.get(r) for r in range(self.size)}
         statuses[self.rank] = mine
         text = stall_report(statuses, self.rank, now, self.interval, self.on_stall_action)
-        from tmpi_adapters.launch.runtime import mark, report
+        from tmpi_adapters.launch.jobdir import mark
+        from tmpi_adapters.launch.output import report
         report(text)
         if self.on_stall_action == "abort":
             mark(self.rank, "failed", "StallError")
@@ -424,7 +425,8 @@ class Watchdog:
         apart[self.rank] = ours["description"]
         from tmpi_adapters.errors import LockstepError
         from tmpi_adapters.exchangers.envelope import mismatch_message
-        from tmpi_adapters.launch.runtime import mark, report
+        from tmpi_adapters.launch.jobdir import mark
+        from tmpi_adapters.launch.output import report
         text = "tmpi: error: %s" % mismatch_message(apart, self.rank)
         report(text)
         mark(self.rank, "failed", text)
@@ -459,7 +461,8 @@ class Watchdog:
             lines.append("  rank %d: %s" % (rank, describe_status(
                 statuses[rank], time.time(), self.interval)))
         text = "\n".join(lines)
-        from tmpi_adapters.launch.runtime import mark, report
+        from tmpi_adapters.launch.jobdir import mark
+        from tmpi_adapters.launch.output import report
         running = [r for r in range(self.size) if r not in departed]
         if self.rank == min(running):
             report(text)
@@ -479,11 +482,12 @@ class Watchdog:
             return None
 
     def _launcher_alive(self):
-        from tmpi_adapters.launch.launcher import process_alive
+        from tmpi_adapters.launch.jobdir import process_alive
         return process_alive(self.launcher)
 
     def _launcher_gone(self):
-        from tmpi_adapters.launch.runtime import mark, report
+        from tmpi_adapters.launch.jobdir import mark
+        from tmpi_adapters.launch.output import report
         if self.rank == 0 or self.size == 1:
             report("tmpi: the tmpi process that launched this job (pid %d) is gone; "
                    "ending the job." % self.launcher)

@@ -130,10 +130,10 @@ class Distributed:
         self.session = session
 
     def _start_session(self):
-        from tmpi_adapters.launch import runtime
+        from tmpi_adapters.launch import output, runtime
         from tmpi_adapters.core.session import Session
         rank, size = runtime.mpi_rank_size()
-        runtime.route_output(self.options, rank, size)
+        output.route_output(self.options, rank, size)
         session = Session(self.options, script=sys.argv[0] if sys.argv else None).start()
         self._owns_session = True
         session.adapter.on("after_training", self._finish)
@@ -146,12 +146,12 @@ class Distributed:
             session.finish()
 
     def _fail(self, error):
-        from tmpi_adapters.launch import runtime
+        from tmpi_adapters.launch import failure
         session, self.session = self.session, None
         if session is None:
             return
         if session.size > 1 or isinstance(error, TmpiError):
             # Other ranks would wait for this one forever: end the whole job.
-            runtime.end_after_failure(session, error, session.rank, session.size)
+            failure.end_after_failure(session, error, session.rank, session.size)
         # One process: Blocks re-raises the script's own exception itself.
-        runtime.finish_after_failure(session, error)
+        failure.finish_after_failure(session, error)

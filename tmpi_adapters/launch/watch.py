@@ -1,0 +1,549 @@
+"""Watching a job from the process that launched it (:class:`JobWatch`).
+
+It turns ``mpiexec``'s termination banner into one sentence naming the rank
+that died, ends the job when a rank vanishes without a word or ``mpiexec``
+itself is killed, makes sure no rank outlives it, passes the script's own
+exit status through, and forwards the ranks' output as it comes (a progress
+bar's redraws included; with ``--all-ranks-output`` through pipes of each
+rank's own, :class:`OutputRelay`).
+"""
+import contextlib
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from tmpi_adapters.launch.jobdir import (belongs_to_job, has_mark, process_alive, rank_file,
+                                         read_ranks)
+from tmpi_adapters.launch.output import RELAY_FILE
+
+#: Seconds a rank may be gone without a word before the launcher ends the job
+#: itself (hydra usually does so at once).
+VANISHED_GRACE = 2.0
+
+# Launcher chatter that repeats what tmpi reports itself.
+_NOISE = re.compile(rb"^Abort\((\d+)\) on node \d+ \(rank (\d+) in comm \d+\): "
+                    rb"application called MPI_Abort")
+_BANNER_RULE = re.compile(rb"^={20,}\s*$")
+_BANNER_PID = re.compile(rb"PID (\d+) RUNNING AT (\S+)")
+_BANNER_CODE = re.compile(rb"EXIT CODE: (-?\d+)")
+_BANNER_TRAILER = (b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING",
+                   b"This typically refers to a problem with your application",
+                   b"Please see the FAQ page for debugging suggestions")
+_EXIT_STRING = re.compile(rb"EXIT STRING: (.*?)\s*$")
+
+
+def stderr_tail(directory, rank, lines=6):
+    """The last lines a non-zero rank wrote to its stderr, or ``""``."""
+    try:
+        with open(rank_file(directory, rank, "stderr"), "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 8192))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join("    " + line for line in kept)
+
+
+def describe_signal(number):
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return "signal %d" % number
+    reasons = {
+        "SIGKILL": ": killed from outside (`kill -9`, a batch scheduler) or by the "
+                   "kernel's out-of-memory killer (see `dmesg`)",
+        "SIGSEGV": ": a crash inside compiled code (Theano's C code, BLAS, MPI)",
+        "SIGBUS": ": a crash inside compiled code, or a full /dev/shm",
+        "SIGABRT": ": a compiled library called abort()",
+        "SIGTERM": ": asked to terminate from outside",
+    }
+    return "signal %d (%s)%s" % (number, name, reasons.get(name, ""))
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the launching process: stop the job as for
+    Ctrl-C, and exit with ``128 + signum``."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def handled(numbers, handler, only_default=False):
+    """Signals ``numbers`` go to ``handler`` until the block ends
+    (``only_default``: only those the caller left at their default, so that
+    what it ignores, under ``nohup`` say, stays ignored)."""
+    saved = {}
+    for number in numbers:
+        try:
+            if not only_default or signal.getsignal(number) == signal.SIG_DFL:
+                saved[number] = signal.signal(number, handler)
+        except ValueError:  # not the main thread: the handlers stay as they are
+            break
+    try:
+        yield
+    finally:
+        for number, previous in saved.items():
+            signal.signal(number, previous)
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+def stopped_by_signals():
+    """While the job runs, SIGTERM and SIGHUP raise :class:`Stopped` (SIGINT
+    raises ``KeyboardInterrupt``), so that the job is stopped and its
+    directory removed instead of the launcher dying on the spot."""
+    return handled((signal.SIGTERM, signal.SIGHUP), _stop, only_default=True)
+
+
+def signals_ignored():
+    """Let the job's clean-up finish even when Ctrl-C comes again."""
+    return handled((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), signal.SIG_IGN)
+
+
+def _lines_and_redraws(stream):
+    """The output of ``stream`` (a pipe) in whole lines, and, as soon as it
+    comes, what ends in a carriage return: a progress bar (tqdm, Keras')
+    redraws its line without ending it, and would show only at its end."""
+    fd, pending = stream.fileno(), b""
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        pending += data
+        while pending:
+            cut = pending.find(b"\n") + 1
+            if not cut:
+                if b"\r" in pending:  # redraws: each was flushed whole, pass them on
+                    cut = len(pending)
+                else:
+                    break
+            yield pending[:cut]
+            pending = pending[cut:]
+    if pending:
+        yield pending
+
+
+# ------------------------------------------------------------------ the relay
+
+class OutputRelay:
+    """With ``--all-ranks-output``: every rank of this machine writes its
+    stdout and stderr to pipes of its own in the job directory, and the
+    launcher writes them out as whole lines, each prefixed ``[rank N]``.
+
+    Through ``mpiexec`` ranks' lines interleave mid-line once they pass its
+    64 KiB pieces, and output below Python (C code, ``sys.stdout.buffer``)
+    could not be prefixed.  Ranks on other machines find no pipe and
+    prefix their own lines (:func:`~tmpi_adapters.launch.output.route_output`).
+    """
+
+    #: Seconds the relay waits, once the job has ended, for the last bytes.
+    DRAIN_SECONDS = 2.0
+
+    def __init__(self, directory, n):
+        self.reports_seen = set()  # "tmpi: ..." lines relayed (see JobWatch)
+        self.streams = {}  # read end -> [rank, sink, partial line]
+        self._held = []    # write ends of our own: no end of file before a rank opens its own
+        for rank in range(n):
+            for name, sink in (("stdout", sys.stdout.buffer), ("stderr", sys.stderr.buffer)):
+                path = rank_file(directory, rank, RELAY_FILE % name)
+                os.mkfifo(path, 0o600)
+                self.streams[os.open(path, os.O_RDONLY | os.O_NONBLOCK)] = [rank, sink, b""]
+                self._held.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+    def run(self, stop):
+        """Relay until ``stop`` is set, then what the ranks left in the pipes."""
+        while not stop.is_set():
+            self._relay(0.1)
+        for fd in self._held:
+            os.close(fd)
+        deadline = time.monotonic() + self.DRAIN_SECONDS
+        while self.streams and time.monotonic() < deadline:
+            self._relay(0.05)
+        for fd in list(self.streams):
+            self._close(fd)
+
+    def _relay(self, timeout):
+        ready, _, _ = select.select(list(self.streams), [], [], timeout)
+        for fd in ready:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not data:
+                self._close(fd)
+                continue
+            stream = self.streams[fd]
+            pending = stream[2] + data
+            cut = pending.rfind(b"\n") + 1
+            stream[2] = pending[cut:]
+            if cut:
+                self._write(stream, pending[:cut - 1].split(b"\n"))
+
+    def _write(self, stream, lines):
+        rank, sink, _ = stream
+        prefix = b"[rank %d] " % rank
+        for line in lines:
+            if line.startswith(b"tmpi: "):
+                self.reports_seen.add(line.strip())
+        sink.write(b"".join(prefix + line + b"\n" for line in lines))
+        sink.flush()
+
+    def _close(self, fd):
+        stream = self.streams.pop(fd)
+        if stream[2]:  # a last line without its end
+            self._write(stream, [stream[2]])
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ the watch
+
+class JobWatch:
+    """Watches one ``mpiexec`` job from the process that launched it.
+
+    Parameters
+    ----------
+    process : subprocess.Popen
+        The ``mpiexec`` process, started with piped stdout and stderr.
+    directory : str
+        The job directory (``$TMPI_JOB_DIR``) the ranks write their files to.
+    n : int
+        The number of ranks.
+    """
+
+    def __init__(self, process, directory, n, poll=0.25, relay=None):
+        self.process = process
+        self.directory = directory
+        self.n = n
+        self.poll = poll
+        self.host = socket.gethostname()
+        self.terminations = []   # (pid, host, exit code, exit string) from the banner
+        self.aborts = []         # (rank, code) of MPI_Abort calls tmpi did not make
+        self.vanished = None     # (RankInfo, seconds) of a rank gone without a word
+        self.interrupted = None  # the signal that stopped the launcher
+        self._gone_since = {}
+        self._opened = set()       # ranks whose end is watched (a pidfd was opened)
+        #: The ranks of this machine as they ended, in groups seen at once.
+        self.ended = []
+        # "tmpi: ..." lines the ranks' stderr carried
+        self.reports_seen = relay.reports_seen if relay is not None else set()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._pump_stdout, daemon=True),
+            threading.Thread(target=self._pump_stderr, daemon=True),
+            threading.Thread(target=self._watch, daemon=True),
+        ]
+        if relay is not None:
+            self._threads.append(threading.Thread(target=relay.run, args=(self._stop,),
+                                                  daemon=True))
+
+    def start(self):
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def wait(self):
+        """Wait for the job; return its exit status after the final report."""
+        try:
+            code = self.process.wait()
+        except KeyboardInterrupt as stop:
+            self.interrupted = getattr(stop, "signum", signal.SIGINT)
+            with signals_ignored():
+                self.stop_job()
+                code = self.process.wait()
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self.kill_leftovers()
+        return self.final_status(code)
+
+    # -- output ---------------------------------------------------------------
+    def _pump_stdout(self):
+        sink = sys.stdout.buffer
+        held = []      # blank lines and a rule line, until the next line tells
+        banner = None  # the lines of a termination banner being read
+        for line in _lines_and_redraws(self.process.stdout):
+            if not line.endswith(b"\n") and banner is None:
+                self._write(sink, held + [line])  # a progress bar redrawn in place
+                held = []
+                continue
+            if banner is not None:
+                banner.append(line)
+                if _BANNER_RULE.match(line):
+                    self._end_banner(banner, sink)
+                    banner = None
+                continue
+            if held and _BANNER_RULE.match(held[-1]):
+                if b"BAD TERMINATION" in line:
+                    banner, held = held + [line], []
+                    continue
+                self._write(sink, held)
+                held = []
+            if _BANNER_RULE.match(line) or not line.strip():
+                held.append(line)
+                continue
+            if self.terminations and line.startswith(_BANNER_TRAILER):
+                match = _EXIT_STRING.search(line)
+                if match:
+                    pid, host, code, _ = self.terminations[-1]
+                    self.terminations[-1] = (pid, host, code,
+                                             match.group(1).decode("utf-8", "replace"))
+                continue
+            self._write(sink, held + [line])
+            held = []
+        self._write(sink, held + (banner or []))
+        self.process.stdout.close()
+
+    def _end_banner(self, lines, sink):
+        text = b"".join(lines)
+        pid, code = _BANNER_PID.search(text), _BANNER_CODE.search(text)
+        if b"BAD TERMINATION" not in text or pid is None:
+            self._write(sink, lines)
+            return
+        self.terminations.append((int(pid.group(1)), pid.group(2).decode(),
+                                  int(code.group(1)) if code else None, ""))
+
+    def _pump_stderr(self):
+        sink = sys.stderr.buffer
+        for line in _lines_and_redraws(self.process.stderr):
+            noise = _NOISE.match(line)
+            if noise:
+                self.aborts.append((int(noise.group(2)), int(noise.group(1))))
+                continue
+            if line.startswith(b"tmpi: "):
+                self.reports_seen.add(line.strip())
+            self._write(sink, [line])
+        self.process.stderr.close()
+
+    @staticmethod
+    def _write(sink, lines):
+        if lines:
+            sink.write(b"".join(lines))
+            sink.flush()
+
+    # -- watching the ranks ---------------------------------------------------------
+    def _watch(self):
+        """End the job when a rank on this machine is gone without a word.
+
+        A rank that fails reports and aborts the job, and ``mpiexec`` ends a
+        job whose rank dies of a signal; a rank that simply vanishes (exit
+        without finalizing MPI, a launcher that waits) is caught here.  The
+        order in which this machine's ranks end is noted as it happens
+        (:attr:`ended`): when ``mpiexec`` stops the others after one rank
+        left, the first is the one to name.
+        """
+        watched = {}  # pidfd -> rank, while the rank lives
+        try:
+            while not self._stop.is_set():
+                self._note_ends(watched)
+                if self.process.poll() is not None:
+                    return
+                self._check_vanished()
+        finally:
+            for fd in watched:
+                os.close(fd)
+
+    def _note_ends(self, watched):
+        """Wait up to :attr:`poll` seconds for ranks to end, noting which did."""
+        for info in read_ranks(self.directory).values():
+            if info.rank in self._opened or info.host not in (None, self.host):
+                continue
+            self._opened.add(info.rank)
+            try:
+                watched[os.pidfd_open(info.pid)] = info.rank
+            except (AttributeError, OSError):
+                pass  # no pidfds (old kernel), or already gone: the order stays unknown
+        if not watched:
+            self._stop.wait(self.poll)
+            return
+        ready, _, _ = select.select(list(watched), [], [], self.poll)
+        if ready:
+            self.ended.append(sorted(watched[fd] for fd in ready))
+        for fd in ready:
+            del watched[fd]
+            os.close(fd)
+
+    def _check_vanished(self):
+        """Stop the job when a rank here has been gone :data:`VANISHED_GRACE`
+        seconds without reporting (``mpiexec`` usually ends it at once)."""
+        now = time.monotonic()
+        for info in read_ranks(self.directory).values():
+            if info.host not in (None, self.host) or self._finished(info.rank):
+                continue
+            if process_alive(info.pid):
+                self._gone_since.pop(info.rank, None)
+                continue
+            since = self._gone_since.setdefault(info.rank, now)
+            if now - since >= VANISHED_GRACE and self.vanished is None:
+                self.vanished = (info, now - since)
+                self.stop_job()
+                self._stop.set()
+                return
+
+    def _finished(self, rank):
+        return any(has_mark(self.directory, rank, kind) for kind in ("done", "exit", "failed"))
+
+    def exit_statuses(self, ranks):
+        """``{rank: status}`` of the ranks whose script ended with ``sys.exit(status)``."""
+        statuses = {}
+        for rank in ranks:
+            try:
+                with open(rank_file(self.directory, rank, "exit")) as handle:
+                    statuses[rank] = int(handle.read())
+            except (OSError, ValueError):
+                continue
+        return statuses
+
+    def stop_job(self, grace=5.0):
+        """Terminate ``mpiexec`` (it ends its ranks), then kill what is left."""
+        try:
+            self.process.terminate()
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        except OSError:
+            pass
+        self.kill_leftovers()
+
+    def kill_leftovers(self):
+        """SIGKILL ranks of this job that outlived ``mpiexec`` on this machine."""
+        killed = []
+        for info in read_ranks(self.directory).values():
+            if info.host in (None, self.host) and process_alive(info.pid) and \
+                    belongs_to_job(info.pid, self.directory):
+                try:
+                    os.kill(info.pid, signal.SIGKILL)
+                    killed.append(info.rank)
+                except OSError:
+                    pass
+        return killed
+
+    # -- the final word -------------------------------------------------------------
+    def final_status(self, code):
+        """Report what ended the job, once, naming the rank; return the exit status."""
+        if self.interrupted is not None:
+            return self._interrupted_status()
+        ranks = read_ranks(self.directory)
+        by_pid = {info.pid: info for info in ranks.values()}
+        failed = [r for r in ranks if has_mark(self.directory, r, "failed")]
+        exits = self.exit_statuses(ranks)
+        messages, signalled = [], None
+        # Terminations tmpi caused itself while stopping a job say nothing
+        # new, nor does the end of a rank whose script chose its exit status.
+        terminations = [] if self.vanished is not None else [
+            t for t in self.terminations if not (t[0] in by_pid and by_pid[t[0]].rank in exits)]
+        for pid, host, exit_code, exit_string in terminations:
+            messages.append(self._describe_termination(by_pid.get(pid), pid, host,
+                                                       exit_code, exit_string))
+            number = _signal_number(exit_string)
+            if number and not signalled:
+                # As a shell reports a process a signal ended: 128 + its
+                # number (mpiexec gives the bare number, which would read as
+                # one of tmpi's own statuses: 6 for SIGABRT).
+                signalled = code = 128 + number
+        if self.vanished is not None:
+            info, _ = self.vanished
+            messages.append("tmpi: rank %d (pid %d) is gone without reporting an error "
+                            "(it exited without finalizing MPI, e.g. os._exit); the job "
+                            "was stopped.%s" % (info.rank, info.pid,
+                                                self._tail(info.rank)))
+            code = code or 1
+        if code < 0:
+            messages.append("tmpi: %s (pid %d) was killed by %s; the job's ranks were "
+                            "stopped." % (os.path.basename(self.process.args[0]),
+                                          self.process.pid, describe_signal(-code)))
+            code = 128 - code
+        lost = self._lost_report(failed)
+        if lost:
+            messages.append(lost)
+        for rank, abort_code in self.aborts:
+            if rank not in failed:
+                messages.append("tmpi: rank %d called MPI_Abort(%d); the job was ended."
+                                % (rank, abort_code))
+        if not messages and not ranks and code != 0:
+            messages.append("tmpi: %s ended with status %d before any rank started; see "
+                            "its output above. Check --mpiexec and --mpiexec-arg, or run "
+                            "the script with -n 1 to see it start."
+                            % (os.path.basename(self.process.args[0]), code))
+        if not messages and not failed and any(exits.values()):
+            # The script's own status (mpiexec would OR those of the ranks).
+            code = [exits[r] for r in sorted(exits) if exits[r]][0]
+        if not messages and code == 0 and not failed:
+            unfinished = sorted(r for r in ranks if not self._finished(r)
+                                and ranks[r].host in (None, self.host))
+            first = [r for r in (self.ended[0] if self.ended else []) if r in unfinished]
+            if len(first) == 1:
+                messages.append("tmpi: rank %d (pid %d) left without finishing the script "
+                                "or finalizing MPI (os._exit, or a library that ended the "
+                                "process); mpiexec stopped the other ranks.%s"
+                                % (first[0], ranks[first[0]].pid, self._tail(first[0])))
+                code = 1
+            elif unfinished:
+                messages.append("tmpi: the job ended with status 0, but rank(s) %s did not "
+                                "finish the script: one of them exited without finalizing "
+                                "MPI (e.g. os._exit) and mpiexec stopped the others."
+                                % ", ".join(map(str, unfinished)))
+                code = 1
+        if messages:
+            sys.stdout.flush()
+            sys.stderr.write("\n".join(messages) + "\n")
+            sys.stderr.flush()
+        return code
+
+    def _interrupted_status(self):
+        """Ctrl-C or SIGTERM reached tmpi: one line (unless a rank, interrupted
+        too, said it), and the shell's status for the signal."""
+        name = signal.Signals(self.interrupted).name
+        if not any(line.startswith(b"tmpi: interrupted") for line in self.reports_seen):
+            sys.stdout.flush()
+            sys.stderr.write("tmpi: interrupted (%s): the job's %d rank(s) were stopped.\n"
+                             % (name, self.n))
+            sys.stderr.flush()
+        return 128 + int(self.interrupted)
+
+    def _lost_report(self, failed):
+        """The failure report of the first failed rank, if its stderr never got here."""
+        for rank in sorted(failed):
+            try:
+                with open(rank_file(self.directory, rank, "failed"), "rb") as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            lines = [line.strip() for line in text.splitlines() if line.startswith(b"tmpi: ")]
+            if not lines:
+                continue
+            if lines[-1] in self.reports_seen:
+                return None
+            return text.decode("utf-8", "replace").rstrip("\n")
+        return None
+
+    def _describe_termination(self, info, pid, host, exit_code, exit_string):
+        who = "rank %d (pid %d on %s)" % (info.rank, pid, host) if info else \
+              "a process of the job (pid %d on %s)" % (pid, host)
+        number = _signal_number(exit_string)
+        if number:
+            how = "was killed by %s" % describe_signal(number)
+        else:
+            how = "exited with status %s without finishing" % exit_code
+        tail = self._tail(info.rank) if info else ""
+        return "tmpi: %s %s. The other ranks were stopped.%s" % (who, how, tail)
+
+    def _tail(self, rank):
+        tail = stderr_tail(self.directory, rank)
+        return ("\n  last lines of rank %d's stderr:\n%s" % (rank, tail)) if tail else ""
+
+
+def _signal_number(exit_string):
+    """The signal that ended a process, from ``mpiexec``'s exit string, or ``None``."""
+    number = re.search(r"signal (\d+)", exit_string or "")
+    return int(number.group(1)) if number else None

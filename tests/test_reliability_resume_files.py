@@ -104,10 +104,13 @@ def test_a_finished_run_is_not_run_again(finished, tmp_path):
     directory = copy(finished, tmp_path / "job")
     before = {name: (directory / "out" / name).read_bytes() for name in FILES}
     checkpoints = sorted(os.listdir(directory / "ck"))
-    for resume in ("latest", "auto"):
+    # latest asked for a run to continue: an error; auto is what a scheduler's
+    # requeue passes: a job that had finished ends with 0, as it did.
+    for resume, status in (("latest", 6), ("auto", 0)):
         result = job(directory, "--resume", resume)
         stderr = own_lines(result.stderr)
-        assert result.returncode == 6, stderr
+        assert result.returncode == status, stderr
+        assert stderr.count("was written when its run finished") == 1, stderr
         assert "checkpoint %s was written when its run finished (step 36): there is nothing " \
                "to resume, so the script is not run again" \
                % (directory / "ck" / "checkpoint-step00000036.tmpi") in stderr

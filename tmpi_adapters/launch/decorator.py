@@ -128,6 +128,9 @@ def _run_distributed(main, args, kwargs, framework, rule, rule_options, options)
     except SystemExit:
         raise
     except BaseException as error:  # noqa: B902 - every failure must end the job
+        if failure.ends_cleanly(error):
+            failure.end_quietly(session, error, rank)
+            return None
         if size == 1 and not isinstance(error, TmpiError):
             # One process: the script's own exception, as plain python raises it.
             failure.finish_after_failure(session, error)

@@ -136,3 +136,17 @@ def end_after_failure(session, error, rank, size):
     :func:`finish_after_failure`, then :func:`fail` (report, end the job)."""
     finish_after_failure(session, error)
     fail(error, rank, size)
+
+
+def ends_cleanly(error):
+    """True for a tmpi error that means "nothing to do" (exit status 0): a
+    requeued job whose run had already finished."""
+    return isinstance(error, TmpiError) and error.exit_code == 0
+
+
+def end_quietly(session, error, rank):
+    """Every rank stops here without a failure (:func:`ends_cleanly`); rank
+    0 says why."""
+    finish_after_failure(session, error)
+    if rank == 0:
+        report("tmpi: %s" % error)

@@ -13,7 +13,8 @@ import socket
 import sys
 
 from tmpi_adapters.launch import compat
-from tmpi_adapters.launch.failure import end_after_failure, finish_after_failure
+from tmpi_adapters.launch.failure import (end_after_failure, end_quietly, ends_cleanly,
+                                          finish_after_failure)
 from tmpi_adapters.launch.jobdir import mark
 from tmpi_adapters.launch.output import flush_partial_lines, route_output
 from tmpi_adapters.launch.target import (exit_status, parse_argv, run_target,
@@ -108,7 +109,10 @@ def main(argv=None):
                 # script's status, no failure report, no end-of-run exchanges.
                 finish_after_failure(session, ended)
     except BaseException as error:  # noqa: B902 - every failure must end the job
-        end_after_failure(session, error, rank, size)
+        if not ends_cleanly(error):
+            end_after_failure(session, error, rank, size)  # does not return
+        end_quietly(session, error, rank)  # nothing to do: a requeued finished run
+        code = 0
     mark(rank, "done" if code == 0 else "exit", str(code))
     flush_partial_lines()
     sys.exit(code)

@@ -106,7 +106,7 @@ class Replay:
         if state["point"].get("finished") and saved is not None and \
                 list(saved) == arguments:
             resume = getattr(settings, "resume", None)
-            raise FinishedRunError(
+            error = FinishedRunError(
                 "%scheckpoint %s was written when its run finished (step %d): there is "
                 "nothing to resume, so the script is not run again and its files stay as "
                 "that run left them. To train further, resume with the new arguments and "
@@ -114,6 +114,10 @@ class Replay:
                 "start, run without --resume."
                 % ("--resume %s: " % resume if resume in ("latest", "auto") else "", path,
                    state["point"]["train_calls"]))
+            if resume == "auto":
+                # A scheduler requeued a job that had finished: nothing failed.
+                error.exit_code = 0
+            raise error
         if state["rule"] != options.rule:
             raise CheckpointError("checkpoint %s was written by a run with --rule %s; resume "
                                   "it with --rule %s (this run has --rule %s)."

@@ -104,3 +104,13 @@ def test_ranks_handed_different_batches_of_the_same_shape_end_the_job(style):
     for options, args in (((), ("same",)), (("--scaling", "weak"), ())):
         result = tmpi("wrap", "-n", "2", *options, script, style, *args, timeout=120)
         assert result.returncode == 0 and "final W" in result.stdout, result.stderr
+
+
+@pytest.mark.mpi
+def test_after_different_batches_a_script_that_goes_on_draws_alike_again():
+    # A test runner catches the error and runs its next test: the ranks'
+    # generators are rank 0's again, so the next batches agree.
+    result = tmpi("wrap", "-n", "2", SCRIPTS / "diverged_generators.py", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "caught: ranks left lockstep: they were handed different batches" in result.stdout
+    assert "final loss" in result.stdout and "4 steps on 2 rank(s)" in result.stdout

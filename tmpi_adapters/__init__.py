@@ -28,7 +28,7 @@ from tmpi_adapters.version import __version__
 
 __all__ = ["distributed", "wrap", "Rule", "Knob", "Exchanger", "ModelProtocol", "hookimpl",
            "TmpiError", "ConfigError", "MismatchError", "StallError", "NonFiniteError",
-           "CheckpointError", "__version__"]
+           "CheckpointError", "LockstepError", "__version__"]
 
 
 def wrap(script, args=(), n=1, **options):
@@ -53,7 +53,7 @@ _LAZY = {
 }
 _LAZY.update({name: ("tmpi_adapters.errors", name) for name in (
     "TmpiError", "ConfigError", "MismatchError", "StallError", "NonFiniteError",
-    "CheckpointError")})
+    "CheckpointError", "LockstepError")})
 #: Theano-MPI's launcher classes (``from tmpi_adapters import BSP``).
 _THEANO_MPI_RULES = ("BSP", "EASGD", "GOSGD", "ASGD")
 

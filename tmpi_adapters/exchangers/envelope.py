@@ -93,6 +93,13 @@ DATA_MARK = "data #"
 OUTSIDE = Envelope("other", "a collective outside training functions")
 
 
+def only_data_differs(descriptions):
+    """True when the ranks' ``descriptions`` differ in their batch's fingerprint
+    alone: the same step with the same rows, other values."""
+    return len(descriptions) > 1 and len(
+        {text.split(", " + DATA_MARK)[0] for text in descriptions.values()}) == 1
+
+
 def mismatch_message(descriptions, mine):
     """The paragraph of a :class:`~tmpi_adapters.errors.LockstepError`.
 
@@ -100,14 +107,16 @@ def mismatch_message(descriptions, mine):
     are missing); ``mine`` is this rank's number.
     """
     lines = "; ".join("rank %d: %s" % (rank, text) for rank, text in sorted(descriptions.items()))
-    if len({text.split(", " + DATA_MARK)[0] for text in descriptions.values()}) == 1:
+    if only_data_differs(descriptions):
         return ("ranks left lockstep: they were handed different batches (%s): the same "
                 "step with the same rows, "
                 "but other values. tmpi hands every rank the whole global batch and each "
                 "takes its own share of its rows, so a script that gives each rank its own "
                 "data would silently train on part of each rank's batch only. Either load "
                 "the same data on every rank and let tmpi split it, or, to train each rank "
-                "on its own data (sharded by rank), run with --scaling weak." % lines)
+                "on its own data (sharded by rank), run with --scaling weak. (Should the "
+                "script go on, as a test runner does, numpy's and Python's random generators "
+                "are rank 0's again on every rank.)" % lines)
     text = ("ranks left lockstep: they met in one collective while doing different things "
             "(%s). Under a lockstep rule (BSP) every rank must call the same training "
             "functions in the same order with the same global batch. Usual causes: data "

@@ -20,7 +20,8 @@ import numpy as np
 
 from tmpi_adapters.errors import LockstepError
 from tmpi_adapters.exchangers import codecs
-from tmpi_adapters.exchangers.envelope import OUTSIDE, mismatch_message, token_limit
+from tmpi_adapters.exchangers.envelope import (OUTSIDE, mismatch_message, only_data_differs,
+                                               token_limit)
 from tmpi_adapters.exchangers.waiting import START_SECONDS, wait_for
 
 #: Bytes of one rank's description in a mismatch report.
@@ -181,9 +182,47 @@ class Lockstep:
                 descriptions[rank] = "took part in another kind of collective"
             else:
                 descriptions[rank] = "something else (it did not say what in time)"
+        if only_data_differs(descriptions) and len(described) == len(tokens):
+            self._same_generators()
         error = LockstepError(mismatch_message(descriptions, self.exchanger.rank))
         error.sequence = sequence
         raise error
+
+    def _same_generators(self):
+        """Give every rank rank 0's numpy and Python random generators.
+
+        Ranks handed different batches mostly drew them from generators that
+        went apart (data loaders shuffling from threads); a script that goes
+        on after the error (a test runner running its next test) then draws
+        alike again.  Every rank is here: they all found the same mismatch.
+        """
+        import pickle
+        import random
+        control, root = self._control, self.exchanger.rank == 0
+        state = pickle.dumps((np.random.get_state(), random.getstate()))
+        length = np.array([len(state)], dtype=np.int64)
+        if not self._bcast(control, length):
+            return
+        buffer = (np.frombuffer(bytearray(state), dtype=np.uint8) if root
+                  else np.zeros(int(length[0]), dtype=np.uint8))
+        if not self._bcast(control, buffer):
+            return
+        numpy_state, python_state = pickle.loads(buffer.tobytes())
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+
+    @staticmethod
+    def _bcast(control, buffer):
+        """Rank 0's ``buffer`` on every rank within a few seconds; ``False`` if not."""
+        request = control.Ibcast(buffer, root=0)
+
+        def give_up(what, waited, frame):
+            raise _GaveUp()
+        try:
+            wait_for(request.Test, "rank 0's random generators", _REPORT_SECONDS, give_up)
+        except _GaveUp:
+            return False
+        return True
 
     def _gather_descriptions(self, text):
         """``{rank: description}`` from every rank that reports within a few seconds."""

@@ -34,6 +34,6 @@ def test_bf16_round_trip_and_rounding():
 
 def test_unknown_precision_is_a_clear_error():
     from tmpi_adapters.errors import ConfigError
-    from tmpi_adapters.exchangers.base import check_precision
+    from tmpi_adapters.options import check_precision
     with pytest.raises(ConfigError, match="fp8.*native, fp32, fp16, bf16"):
         check_precision("fp8")

@@ -129,6 +129,18 @@ def test_importing_the_package_changes_nothing():
     assert result.stdout.strip() == "clean", result.stderr
 
 
+def test_building_the_plugin_manager_imports_no_theano():
+    # Every plugin is imported when the manager is built (`tmpi plugins`, the
+    # command line): Theano must wait until a rank has set its flags.
+    code = ("import sys; from tmpi_adapters.pluginmanager import make_plugin_manager; "
+            "make_plugin_manager(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('theano', 'keras', "
+            "'lasagne', 'blocks')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=str(ROOT))
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("name", ["distributed", "wrap", "Rule", "Knob", "Exchanger",
                                   "ModelProtocol", "hookimpl", "TmpiError", "ConfigError"])
 def test_public_names(name):

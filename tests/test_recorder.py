@@ -76,7 +76,8 @@ def test_plot_rejects_what_it_cannot_draw(tmp_path):
 
 
 def test_scalar_outputs_and_strict_json(tmp_path):
-    from tmpi_adapters.recording.recorder import RunLog, scalar_outputs
+    from tmpi_adapters.core.timing import scalar_outputs
+    from tmpi_adapters.recording.runlog import RunLog
     values = [np.float32(0.5), np.array([1.0, 2.0]), 3, np.float64("nan")]
     assert scalar_outputs(values, ["loss", None, "mean", "mean"]) == {
         "loss": 0.5, "output2": 3.0, "output3": None}

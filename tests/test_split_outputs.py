@@ -86,15 +86,15 @@ def _graph():
 
 def _read(data, graph):
     """The row-wise marks of ``graph``, read as on more than one rank."""
-    from tmpi_adapters.core.layout import Layout
-    from tmpi_adapters.core.rowwise import RowWise
+    from tmpi_adapters.graphs.layout import Layout
+    from tmpi_adapters.graphs.rowwise import RowWise
     return RowWise(Layout(data, graph, costs=[g for g in graph if g.ndim == 0]))
 
 
 def test_a_draw_each_rank_keeps_its_rows_of_is_per_row():
     import theano.tensor as T
     from theano.sandbox.rng_mrg import MRG_RandomStreams
-    from tmpi_adapters.core.outputs import UNDECIDED, classify
+    from tmpi_adapters.graphs.outputs import UNDECIDED, classify
     x, W, tilde, hidden, _ = _graph()
     # A script's own pool of noise, sliced by the batch's length: every rank
     # would take the same rows of it, so its values are not read as per row.
@@ -113,7 +113,7 @@ def test_a_draw_each_rank_keeps_its_rows_of_is_per_row():
 def test_a_value_the_graph_does_not_explain_is_not_called_a_sum_over_rows():
     import theano
     import theano.tensor as T
-    from tmpi_adapters.core.outputs import UNDECIDED, classify
+    from tmpi_adapters.graphs.outputs import UNDECIDED, classify
     from tmpi_adapters.frameworks.theano_split import row_axes
     x, W, tilde, hidden, unread = _graph()   # T.sort: its values are not read as rows
     cost = T.mean(T.sum(unread, axis=1))
@@ -134,7 +134,7 @@ def test_a_value_the_graph_does_not_explain_is_not_called_a_sum_over_rows():
 def test_the_means_of_a_split_batch_are_the_one_process_floats():
     import theano
     import theano.tensor as T
-    from tmpi_adapters.core.outputs import classify, ratio_of
+    from tmpi_adapters.graphs.outputs import classify, ratio_of
     x, y = T.matrix("x"), T.ivector("y")
     W = theano.shared(np.random.RandomState(0).standard_normal((5, 3)), name="W")
     p = T.nnet.softmax(T.dot(x, W))

@@ -132,7 +132,7 @@ def _recurrent(time_major_cost=True):
 
 
 def test_time_major_inputs_have_their_batch_on_axis_one():
-    from tmpi_adapters.core.layout import Layout
+    from tmpi_adapters.graphs.layout import Layout
     for explicit in (True, False):
         x, mask, cost = _recurrent(explicit)
         layout = Layout([x, mask], [cost], costs=[cost])
@@ -142,7 +142,7 @@ def test_time_major_inputs_have_their_batch_on_axis_one():
 
 def test_an_input_with_two_candidate_batch_axes_is_a_problem():
     import theano.tensor as T
-    from tmpi_adapters.core.layout import Layout
+    from tmpi_adapters.graphs.layout import Layout
     x = T.matrix("x")
     costs = [x.sum() / x.shape[0], x.sum() / x.shape[1]]
     layout = Layout([x], costs, costs=costs)
@@ -152,9 +152,9 @@ def test_an_input_with_two_candidate_batch_axes_is_a_problem():
 def test_returned_values_are_classified_from_the_graph():
     import theano
     import theano.tensor as T
-    from tmpi_adapters.core.layout import Layout
-    from tmpi_adapters.core.outputs import UNDECIDED, classify
-    from tmpi_adapters.core.rowwise import RowWise
+    from tmpi_adapters.graphs.layout import Layout
+    from tmpi_adapters.graphs.outputs import UNDECIDED, classify
+    from tmpi_adapters.graphs.rowwise import RowWise
     x, y = T.matrix("x"), T.ivector("y")
     W = theano.shared(np.zeros((4, 3)), name="W")
     probs = T.nnet.softmax(T.dot(x, W))
@@ -179,7 +179,7 @@ def test_returned_values_are_classified_from_the_graph():
 def test_reshape_to_the_batch_size_follows_each_call():
     import theano
     import theano.tensor as T
-    from tmpi_adapters.core.fixedbatch import find, rebuild
+    from tmpi_adapters.graphs.fixedbatch import find, rebuild
     x = T.matrix("x")
     out = (x.reshape((6, 2, 2)) ** 2).sum(axis=(1, 2))
     found = find([out], [x])
@@ -227,7 +227,7 @@ class _Session:
 
 
 def test_combined_values_are_those_of_the_whole_batch():
-    from tmpi_adapters.core.outputs import Combiner
+    from tmpi_adapters.core.combine import Combiner
     kinds = ["mean", "sum", "max", "min", "rows", "same", "rows"]
     axes = [0, 0, 0, 0, 0, 0, 1]
     data = np.random.RandomState(0).rand(7, 3)
@@ -253,7 +253,7 @@ def test_gradient_terms_every_rank_computes_alike_are_told_from_the_batchs():
     import theano.tensor as T
     from theano.sandbox.rng_mrg import MRG_RandomStreams
 
-    from tmpi_adapters.core.terms import Differs, alike_terms, split_terms
+    from tmpi_adapters.graphs.terms import Differs, alike_terms, split_terms
     x, y = T.dmatrix("x"), T.dvector("y")
     W = theano.shared(np.ones((3, 2)), name="W")
     decay = theano.shared(0.01, name="decay")

@@ -232,7 +232,7 @@ def tmpi_after_exchange(session, model, gradients, reduced, weight):
         This rank's own gradients, as the graph computed them; under a rule
         that reduces linearly, without the terms every rank computes alike
         (a weight penalty's), which are added after the exchange
-        (:mod:`tmpi_adapters.core.terms`).
+        (:mod:`tmpi_adapters.graphs.terms`).
     reduced : list of numpy.ndarray
         What the rule made of them (the same on every rank under BSP).
     weight : float

@@ -7,12 +7,11 @@ help, choices and check: ``tmpi wrap --help`` is built from these fields, and
 same declarations.
 """
 import dataclasses
+import math
 import json
 import os
 
 from tmpi_adapters.errors import ConfigError
-from tmpi_adapters.exchangers.base import PRECISIONS, check_precision
-from tmpi_adapters.exchangers.waiting import check_timeout
 
 OPTIONS_ENV = "TMPI_OPTIONS"
 
@@ -20,6 +19,34 @@ SCALINGS = ("strong", "weak")
 COMPILE_DIRS = ("shared", "per-rank")
 OUTPUTS = ("averaged", "local")
 LOSS_REDUCTIONS = ("mean", "sum")
+
+
+#: Transfer precisions of exchanged buffers (``--precision``).
+PRECISIONS = ("native", "fp32", "fp16", "bf16")
+
+
+def check_precision(precision):
+    """``precision`` as one of :data:`PRECISIONS` (``None``: native)."""
+    precision = "native" if precision in (None, "") else str(precision).lower()
+    if precision not in PRECISIONS:
+        raise ConfigError("unknown transfer precision %r; choose one of %s"
+                          % (precision, ", ".join(PRECISIONS)))
+    return precision
+
+
+def check_timeout(seconds, what="--stall-timeout", allow_none=True):
+    """``seconds`` as a positive finite float (``None`` passes when allowed);
+    :class:`~tmpi_adapters.errors.ConfigError` otherwise."""
+    if seconds is None and allow_none:
+        return None
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError("%s must be a positive, finite number of seconds, not %r"
+                          % (what, seconds))
+    return value
 
 
 def _positive_or_none(flag):

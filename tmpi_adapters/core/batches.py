@@ -9,7 +9,7 @@ results count (:func:`local_share`).
 
 The rows of a batch are found along each array's *batch axis*: axis 0 unless
 the graph says otherwise (a sequence model's ``(time, batch, ...)`` inputs
-have theirs on axis 1; :mod:`tmpi_adapters.core.layout` reads it from the
+have theirs on axis 1; :mod:`tmpi_adapters.graphs.layout` reads it from the
 graph once, when the function is compiled).  ``axes`` arguments below give
 one batch axis per value (``None``: the value carries no batch), in the same
 structure as the values (a list, or a dict for keyword arguments); without

@@ -59,12 +59,12 @@ class DistributedFunction:
     attributes are forwarded to it.
 
     Strong scaling (default): every array argument whose batch axis (axis 0,
-    or as the graph says: :mod:`tmpi_adapters.core.layout`) has the batch's
+    or as the graph says: :mod:`tmpi_adapters.graphs.layout`) has the batch's
     length is cut to this rank's contiguous share (or, in the ``givens``
     style, the dataset slice is; shared variables that carry the batch are
     sliced alike: :mod:`tmpi_adapters.core.split`); the step's gradients are
     averaged weighted by rows, so the result is the one-process result.
-    Returned values combine as :mod:`tmpi_adapters.core.outputs` says.  A
+    Returned values combine as :mod:`tmpi_adapters.graphs.outputs` says.  A
     batch with fewer rows than ranks leaves some ranks a padding row of
     weight 0; an empty batch is run whole by every rank, rank 0's results
     counting, as one process would run it.
@@ -82,7 +82,7 @@ class DistributedFunction:
         Where each call's batch is (``None`` on one rank: arrays' axis 0).
     single_output : bool
         The function returns one value, not a list.
-    combiner : tmpi_adapters.core.outputs.Combiner, optional
+    combiner : tmpi_adapters.core.combine.Combiner, optional
         Combines, after each step, what the step's exchange did not carry.
     first_split : callable, optional
         ``first_split(rows)``, called before the first call whose batch is
@@ -273,7 +273,7 @@ def axis_problem(name, problem):
 def explain(compiled, rows, size, name, error):
     """The clear error for a first split call that failed because the graph
     writes the batch size in, or ``None``."""
-    from tmpi_adapters.core.fixedbatch import explain as explain_fixed
+    from tmpi_adapters.graphs.fixedbatch import explain as explain_fixed
     maker = getattr(compiled, "maker", None)
     fgraph = getattr(maker, "fgraph", None)
     if fgraph is None:
@@ -312,7 +312,7 @@ class SplitFunction(ObservedFunction):
     calls are split across ranks like training steps.
 
     Each call runs this rank's share of the batch and combines the returned
-    values in one collective (:class:`~tmpi_adapters.core.outputs.Combiner`:
+    values in one collective (:class:`~tmpi_adapters.core.combine.Combiner`:
     means weighted by rows, sums added, per-row values gathered in order,
     values not from the batch left alone) under the envelope
     ``eval <key> call <n> (<rows> rows)``, so N ranks return the one-process
@@ -325,7 +325,7 @@ class SplitFunction(ObservedFunction):
     session, fn, key
         As :class:`ObservedFunction`'s.
     plan : tmpi_adapters.core.split.SplitPlan
-    combiner : tmpi_adapters.core.outputs.Combiner
+    combiner : tmpi_adapters.core.combine.Combiner
     single_output : bool
     first_split : callable, optional
         As :class:`DistributedFunction`'s.
@@ -368,18 +368,14 @@ class SplitFunction(ObservedFunction):
                 raise
             failed = error
         exchanger = session.exchanger
-        saved = exchanger.lockstep_envelope
-        exchanger.set_envelope(Envelope("eval", self.key, call=self._tmpi_calls, rows=total,
-                                        data=data))
-        try:
+        with exchanger.enveloped(Envelope("eval", self.key, call=self._tmpi_calls, rows=total,
+                                          data=data)):
             if first and any(exchanger.allgather_object(failed is not None)):
                 self._tmpi_whole = True
             else:
                 values = [outputs] if self._tmpi_single else list(outputs or [])
                 values = self._tmpi_combiner(values, weight, hi - lo, total=total)
                 return restore_outputs(values, outputs, self._tmpi_single)
-        finally:
-            exchanger.set_envelope(saved)
         return self._tmpi_whole_call(args, kwargs, rows, bounds)
 
     def _tmpi_whole_call(self, args, kwargs, rows, bounds):

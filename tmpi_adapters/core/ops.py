@@ -1,9 +1,11 @@
 """The Theano Ops that put the gradient exchange inside the compiled graph.
 
 ``theano.grad`` under tmpi wraps each gradient with respect to a shared
-variable in a :class:`GradientMarker` (an identity).  When the function that
-uses them is compiled, all markers of that function are replaced by **one**
-:class:`FusedAllreduce` node, so a training step performs one fused exchange.
+variable in a :class:`~tmpi_adapters.graphs.gradient.GradientMarker` (an
+identity).  When the function that uses them is compiled, all markers of
+that function are replaced by **one** :class:`FusedAllreduce` node
+(:mod:`~tmpi_adapters.core.step`), so a training step performs one fused
+exchange.
 With ``--overlap`` they are replaced by parts instead, each started by a
 :class:`StartExchange` as soon as its gradients exist, and one
 :class:`FinishExchange` before the updates.
@@ -24,7 +26,6 @@ updates in place exactly as it would without tmpi.
 The Op is given the session's exchange when the training function is
 compiled: nothing in it looks for a session at run time.
 """
-import itertools
 
 import numpy as np
 
@@ -32,40 +33,6 @@ import theano
 from theano.gof import Apply, Op
 
 from tmpi_adapters.errors import TmpiError
-
-_marker_ids = itertools.count()
-
-
-class GradientMarker(Op):
-    """Identity on a gradient, remembering which shared variable it belongs to.
-
-    Outside tmpi (or in a function that is not a training function) it costs
-    nothing: the output is a view of the input.
-    """
-
-    __props__ = ("index",)
-    view_map = {0: [0]}
-
-    def __init__(self, wrt, index=None):
-        self.wrt = wrt
-        self.index = next(_marker_ids) if index is None else index
-
-    def make_node(self, grad):
-        grad = theano.tensor.as_tensor_variable(grad)
-        return Apply(self, [grad], [grad.type()])
-
-    def perform(self, node, inputs, output_storage):
-        output_storage[0][0] = inputs[0]
-
-    def infer_shape(self, node, shapes):
-        return shapes
-
-    def grad(self, inputs, output_grads):
-        return output_grads
-
-    def __reduce__(self):
-        return (GradientMarker, (None, self.index))
-
 
 class FusedAllreduce(Op):
     """Everything one training step exchanges, in one collective.

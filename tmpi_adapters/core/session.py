@@ -20,7 +20,7 @@ from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.launch import compat
 from tmpi_adapters.options import Options
 from tmpi_adapters.pluginmanager import get_plugin_manager, lookup
-from tmpi_adapters.recording.recorder import Recorder
+from tmpi_adapters.core.timing import Recorder
 
 _current = None
 
@@ -68,7 +68,7 @@ class Session:
         :class:`~tmpi_adapters.rules.base.Rule` and framework adapter.
     models : list of ModelProtocol
         Every training function's model, in the order they were compiled.
-    recorder : tmpi_adapters.recording.recorder.Recorder
+    recorder : tmpi_adapters.core.timing.Recorder
         Per-step timings.
     stepping : ModelProtocol or None
         The model whose training step is running (read by the watchdog).
@@ -203,12 +203,8 @@ class Session:
         """Every rank reaches this point doing the same thing (``envelope``),
         within ``timeout`` seconds (the stall timeout by default)."""
         if self.size > 1:
-            saved = self.exchanger.lockstep_envelope
-            self.exchanger.set_envelope(envelope)
-            try:
+            with self.exchanger.enveloped(envelope):
                 self.exchanger.barrier(timeout=timeout)
-            finally:
-                self.exchanger.set_envelope(saved)
 
     def report(self):
         summary = self.recorder.summary()
@@ -270,12 +266,8 @@ class Session:
     def synchronize(self, model):
         """Identical start of a model (its parameters, optimizer and model
         state), then the rule starts it."""
-        saved = self.exchanger.lockstep_envelope
-        self.exchanger.set_envelope(Envelope("start", model.name))
-        try:
+        with self.exchanger.enveloped(Envelope("start", model.name)):
             self.identical_start(model.state_variables, model.signature())
-        finally:
-            self.exchanger.set_envelope(saved)
         model.synchronized = True
         self.rule.start(model)
         self.pm.hook.tmpi_model_ready(session=self, model=model)

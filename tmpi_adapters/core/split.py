@@ -109,7 +109,7 @@ class SplitPlan:
         Its ``givens``.
     batch_shared : list of SharedVariable
         Shared variables that carry the batch.
-    layout : tmpi_adapters.core.layout.Layout
+    layout : tmpi_adapters.graphs.layout.Layout
         The batch axes read from the graph.
     slice_givens : bool
         Rewrite ``givens`` slices (strong scaling); otherwise they stay whole.
@@ -228,10 +228,10 @@ class SplitPlan:
 
 def analyse(inputs, given_pairs, batch_shared, graph, costs, slice_givens=True):
     """``(plan, rows)`` of a function compiled on more than one rank: its
-    :class:`SplitPlan` and the :class:`~tmpi_adapters.core.rowwise.RowWise`
+    :class:`SplitPlan` and the :class:`~tmpi_adapters.graphs.rowwise.RowWise`
     marks of its graph."""
-    from tmpi_adapters.core.layout import Layout
-    from tmpi_adapters.core.rowwise import RowWise
+    from tmpi_adapters.graphs.layout import Layout
+    from tmpi_adapters.graphs.rowwise import RowWise
     data = list(input_variables(inputs)) + [var for var, _ in given_pairs] + list(batch_shared)
     layout = Layout(data, graph, costs=costs)
     plan = SplitPlan(inputs, given_pairs, batch_shared, layout, slice_givens=slice_givens)

@@ -43,8 +43,8 @@ import sys
 import numpy as np
 
 from tmpi_adapters.exchangers.waiting import oversubscribed, wait_for
+from tmpi_adapters.options import check_precision
 
-PRECISIONS = ("native", "fp32", "fp16", "bf16")
 REDUCE_OPS = ("mean", "sum")
 
 #: Pass as ``source`` to :meth:`Exchanger.irecv`/:meth:`Exchanger.probe` to
@@ -107,15 +107,6 @@ class ExchangeStats:
         values = {name: getattr(self, name) for name in self.__slots__}
         self.reset()
         return values
-
-
-def check_precision(precision):
-    precision = "native" if precision in (None, "") else str(precision).lower()
-    if precision not in PRECISIONS:
-        from tmpi_adapters.errors import ConfigError
-        raise ConfigError("unknown transfer precision %r; choose one of %s"
-                          % (precision, ", ".join(PRECISIONS)))
-    return precision
 
 
 def check_reduce_op(op):
@@ -195,6 +186,17 @@ class Exchanger(abc.ABC):
         the collectives that follow: exchangers that check lockstep carry it
         in each collective's message; others only keep it."""
         self.lockstep_envelope = envelope
+
+    @contextlib.contextmanager
+    def enveloped(self, envelope):
+        """The collectives of the block carry ``envelope``; the envelope
+        before it holds again after it (an evaluation inside a step)."""
+        saved = self.lockstep_envelope
+        self.set_envelope(envelope)
+        try:
+            yield envelope
+        finally:
+            self.set_envelope(saved)
 
     @property
     def stats(self):

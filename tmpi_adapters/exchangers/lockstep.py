@@ -61,15 +61,6 @@ class Lockstep:
         self._tokens = []  # (sequence, envelope) of the collectives being run
 
     @contextlib.contextmanager
-    def enveloped(self, envelope):
-        """Collectives inside carry ``envelope``."""
-        saved, self.envelope = self.envelope, envelope
-        try:
-            yield envelope
-        finally:
-            self.envelope = saved
-
-    @contextlib.contextmanager
     def collective(self, what):
         """One collective: numbered, published for the watchdog; yields its envelope."""
         self.sequence += 1

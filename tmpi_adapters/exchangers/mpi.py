@@ -43,12 +43,12 @@ import numpy as np
 from tmpi_adapters.errors import ConfigError
 from tmpi_adapters.exchangers import codecs, progress
 from tmpi_adapters.exchangers.base import (ANY_SOURCE, ANY_TAG, Exchanger, Finished,
-                                           check_precision,
                                            check_reduce_op)
 from tmpi_adapters.exchangers.lockstep import Lockstep
 from tmpi_adapters.exchangers.plans import (MPIRequest, PendingAllreduce, Plan,
                                             checked_total, split_counts)
 from tmpi_adapters.exchangers.waiting import START_SECONDS
+from tmpi_adapters.options import check_precision
 from tmpi_adapters.pluginmanager import hookimpl
 
 ALGORITHMS = ("auto", "allreduce", "rsag")
@@ -191,7 +191,7 @@ class MPIExchanger(Exchanger):
             for group in plan.groups:
                 summed = self._reduce_group(group, arrays, factors, envelope,
                                             weight if travels else None, ops, summed)
-            return self._unpack(plan, out)
+            return plan.unpack(out, self.borrow)
 
     def start_allreduce(self, arrays, ops, weight=None, total=None, precision=None, slot=None):
         """Start :meth:`allreduce` of ``arrays`` (each reduced as its entry of
@@ -256,7 +256,7 @@ class MPIExchanger(Exchanger):
             step = max(group.header + 1, int(self.bucket_bytes) // group.wire.itemsize)
         for lo in range(0, group.n, step):
             hi = min(group.n, lo + step)
-            self._pack(group, arrays, factors, lo, hi)
+            group.pack(arrays, factors, lo, hi)
             if lo == 0 and group.header:
                 self.lockstep.write_slots(group, envelope, weight)
             self._reduce_bucket(group, lo, hi)
@@ -265,35 +265,9 @@ class MPIExchanger(Exchanger):
                 if total is not None:
                     self.stats.last_total_weight = checked_total(total)
             if total is not None:
-                self._divide_means(group, ops, 1.0 / total, lo, hi)
-            self._finish(group, lo, hi)
+                group.divide_means(ops, 1.0 / total, lo, hi)
+            group.finish(lo, hi)
         return total
-
-    def _pack(self, group, arrays, factors, lo, hi):
-        """Copy (and scale, and encode) the arrays' elements ``[lo, hi)`` into the wire."""
-        for index, offset, size, _ in group.members:
-            a, b = max(lo, offset), min(hi, offset + size)
-            if a >= b:
-                continue
-            factor = factors[index]
-            flat = arrays[index].reshape(-1)  # a copy only for non-contiguous arrays
-            src, dst = flat[a - offset:b - offset], group.wire[a:b]
-            if factor == 0:
-                dst.fill(0)  # even where this rank's values are NaN; 0 is +0.0 in fp16/bf16
-            elif group.fmt is not None:
-                codecs.encode(np.ascontiguousarray(src), factor, dst, group.fmt)
-            elif factor == 1:
-                np.copyto(dst, src, casting="unsafe")
-            else:
-                np.multiply(src, factor, out=dst, casting="unsafe")
-
-    @staticmethod
-    def _divide_means(group, ops, scale, lo, hi):
-        """After a travelling weight: the mean's arrays divided by the total."""
-        for index, offset, size, _ in group.members:
-            a, b = max(lo, offset), min(hi, offset + size)
-            if a < b and ops[index] == "mean":
-                np.multiply(group.wire[a:b], scale, out=group.wire[a:b], casting="unsafe")
 
     def _use_rsag(self, group, count):
         if group.fmt is not None or self.algorithm == "rsag":
@@ -311,11 +285,11 @@ class MPIExchanger(Exchanger):
 
     def _rsag(self, group, buf):
         """Reduce-scatter then allgather ``buf`` in place (module doc, step 3)."""
-        for requests, nbytes in self._rsag_steps(group, buf):
+        for requests, nbytes in self.rsag_steps(group, buf):
             self._transfer(lambda: requests, "allreduce", nbytes)
 
-    def _rsag_steps(self, group, buf, alone=False, tag=1):
-        """:meth:`_rsag` as its two transfers: yields each one's started
+    def rsag_steps(self, group, buf, alone=False, tag=1):
+        """:meth:`_rsag` as its two transfers (also what a started reduction runs): yields each one's started
         requests and bytes, and sums the received shares in between.
 
         Point-to-point messages on a private communicator: with MPICH they
@@ -360,34 +334,6 @@ class MPIExchanger(Exchanger):
                           max(self.timeout or 0.0, START_SECONDS))
             self._private = private
         return self._private
-
-    def _finish(self, group, lo, hi):
-        """Bring the wire's ``[lo, hi)`` back to the arrays' dtype, if it differs."""
-        if group.result is group.wire:
-            return
-        wire, result = group.wire[lo:hi], group.result[lo:hi]
-        if group.fmt is None:
-            np.copyto(result, wire, casting="unsafe")
-        elif result.dtype == np.float32:
-            codecs.decode(wire, result, group.fmt)
-        else:
-            decoded = self._buffer(("decoded",), hi - lo, np.float32)
-            codecs.decode(wire, decoded, group.fmt)
-            np.copyto(result, decoded, casting="unsafe")
-
-    def _unpack(self, plan, out, borrow=None):
-        borrow = self.borrow if borrow is None else borrow
-        results = [None] * sum(len(g.members) for g in plan.groups)
-        for group in plan.groups:
-            for index, view in group.views():
-                if out is not None:
-                    np.copyto(out[index], view, casting="unsafe")
-                    results[index] = out[index]
-                elif borrow:
-                    results[index] = view
-                else:
-                    results[index] = view.copy()
-        return results
 
     def broadcast(self, arrays, root=0):
         """Overwrite ``arrays`` with the root's values: a sum to which only the
@@ -481,7 +427,7 @@ class MPIExchanger(Exchanger):
         or before the first :meth:`start_allreduce`)."""
         return self._progress if isinstance(self._progress, str) else None
 
-    def _busy(self, change):
+    def busy(self, change):
         """Count collectives in flight; the progress thread probes while any is."""
         self._in_flight += change
         if self._progress is not None and not isinstance(self._progress, str):

@@ -1,10 +1,13 @@
-"""The ``mpi`` exchanger's buffers: fused plans, kept per array signature, and
-its requests: point-to-point ones and started reductions."""
+"""The ``mpi`` exchanger's buffers: fused plans, kept per array signature, that
+pack, scale, convert and unpack the arrays (shared by the blocking and the
+started reduction), and its requests: point-to-point ones and started
+reductions."""
 import time
 
 import numpy as np
 
 from tmpi_adapters.errors import ConfigError
+from tmpi_adapters.exchangers import codecs
 from tmpi_adapters.exchangers.base import Request, pack_plan
 
 
@@ -76,6 +79,48 @@ class Group:
         """``(array index, result view shaped like the array)`` per member."""
         return [(i, self.result[o:o + n].reshape(shape)) for i, o, n, shape in self.members]
 
+    def pack(self, arrays, factors, lo, hi):
+        """Copy (and scale, and encode) the arrays' elements ``[lo, hi)`` into the wire."""
+        for index, offset, size, _ in self.members:
+            a, b = max(lo, offset), min(hi, offset + size)
+            if a >= b:
+                continue
+            factor = factors[index]
+            flat = arrays[index].reshape(-1)  # a copy only for non-contiguous arrays
+            src, dst = flat[a - offset:b - offset], self.wire[a:b]
+            if factor == 0:
+                dst.fill(0)  # even where this rank's values are NaN; 0 is +0.0 in fp16/bf16
+            elif self.fmt is not None:
+                codecs.encode(np.ascontiguousarray(src), factor, dst, self.fmt)
+            elif factor == 1:
+                np.copyto(dst, src, casting="unsafe")
+            else:
+                np.multiply(src, factor, out=dst, casting="unsafe")
+
+    def divide_means(self, ops, scale, lo, hi):
+        """After a travelling weight: the means' elements in ``[lo, hi)`` scaled
+        by ``scale`` (one over the summed weight)."""
+        for index, offset, size, _ in self.members:
+            a, b = max(lo, offset), min(hi, offset + size)
+            if a < b and ops[index] == "mean":
+                np.multiply(self.wire[a:b], scale, out=self.wire[a:b], casting="unsafe")
+
+    def finish(self, lo, hi):
+        """Bring the wire's ``[lo, hi)`` back to the arrays' dtype, if it differs."""
+        if self.result is self.wire:
+            return
+        wire, result = self.wire[lo:hi], self.result[lo:hi]
+        if self.fmt is None:
+            np.copyto(result, wire, casting="unsafe")
+        elif result.dtype == np.float32:
+            codecs.decode(wire, result, self.fmt)
+        else:
+            if getattr(self, "decoded", None) is None or self.decoded.size < hi - lo:
+                self.decoded = np.empty(self.n, dtype=np.float32)  # kept: every step needs it
+            decoded = self.decoded[:hi - lo]
+            codecs.decode(wire, decoded, self.fmt)
+            np.copyto(result, decoded, casting="unsafe")
+
 
 class Plan:
     """Buffers for one array signature (shapes, dtypes, precision, header).
@@ -94,6 +139,21 @@ class Plan:
                              precision, header if k == 0 else 0)
                        for k, (dtype, idx) in enumerate(plan)]
 
+    def unpack(self, out, borrow):
+        """The reduced arrays, in order: copied into ``out`` (a list), else
+        views of the buffers when ``borrow``, else fresh copies."""
+        results = [None] * sum(len(g.members) for g in self.groups)
+        for group in self.groups:
+            for index, view in group.views():
+                if out is not None:
+                    np.copyto(out[index], view, casting="unsafe")
+                    results[index] = out[index]
+                elif borrow:
+                    results[index] = view
+                else:
+                    results[index] = view.copy()
+        return results
+
 
 #: Pairs of point-to-point tags the collectives in flight at once cycle through.
 _TAGS = 8192
@@ -104,7 +164,7 @@ class PendingAllreduce:
 
     Each dtype's buffer is one collective: MPI's ``Iallreduce``, which the
     progress thread (:mod:`.progress`) moves on to its end, or, for fp16/bf16
-    codes, the exchanger's reduce-scatter and allgather (``_rsag_steps``),
+    codes, the exchanger's reduce-scatter and allgather (:meth:`~tmpi_adapters.exchangers.mpi.MPIExchanger.rsag_steps`),
     whose second half starts at the first poll after the first has ended.
     :meth:`progress` never blocks; :meth:`finish` waits (with the
     exchanger's stall deadline), checks the envelopes and returns the
@@ -119,13 +179,13 @@ class PendingAllreduce:
         self.ended = False
         self.steps = [self._steps(group, arrays, factors) for group in plan.groups]
         self.requests = [next(steps) for steps in self.steps]
-        exchanger._busy(+1)
+        exchanger.busy(+1)
 
     def _steps(self, group, arrays, factors):
         """Pack and start ``group``'s collective; after each yielded list of
         requests has completed, the next part; at the end the check."""
         exchanger, lockstep = self.exchanger, self.exchanger.lockstep
-        exchanger._pack(group, arrays, factors, 0, group.n)
+        group.pack(arrays, factors, 0, group.n)
         if group.header:
             self.token = lockstep.write_slots(group, self.envelope, self.weight,
                                               self.sequence)
@@ -134,7 +194,7 @@ class PendingAllreduce:
             # Codes MPI cannot sum.  Tags of its own: parts in flight
             # together move on in any order.
             tag = 3 + 2 * (self.sequence % _TAGS)
-            for requests, nbytes in exchanger._rsag_steps(group, buf, alone=True, tag=tag):
+            for requests, nbytes in exchanger.rsag_steps(group, buf, alone=True, tag=tag):
                 exchanger.stats.wire_bytes += nbytes
                 yield requests
         else:
@@ -152,8 +212,8 @@ class PendingAllreduce:
             exchanger.stats.last_total_weight = checked_total(self.total)
         for group in self.plan.groups:
             if self.total is not None:
-                exchanger._divide_means(group, self.ops, 1.0 / self.total, 0, group.n)
-            exchanger._finish(group, 0, group.n)
+                group.divide_means(self.ops, 1.0 / self.total, 0, group.n)
+            group.finish(0, group.n)
 
     def progress(self):
         """Move every part on as far as it goes now; True once all have ended."""
@@ -176,7 +236,7 @@ class PendingAllreduce:
     def _end(self):
         if not self.ended:
             self.ended = True
-            self.exchanger._busy(-1)
+            self.exchanger.busy(-1)
 
     def finish(self):
         """Wait until the exchange has ended; its results, in order."""
@@ -187,7 +247,7 @@ class PendingAllreduce:
                                             self.token):
                 exchanger.wait_for(self.progress, "allreduce", patient=False)
             exchanger.stats.transfer_s += time.perf_counter() - begin
-            self.results = exchanger._unpack(self.plan, None, self.borrow)
+            self.results = self.plan.unpack(None, self.borrow)
         return self.results
 
 

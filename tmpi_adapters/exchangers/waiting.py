@@ -14,7 +14,6 @@ point, so every rank is there: it polls without pause, because MPI moves a
 transfer only while it is polled.  With more ranks than cores every wait
 yields: the rank being waited for needs the core.
 """
-import math
 import os
 import sys
 import threading
@@ -46,22 +45,6 @@ def current_wait(thread_ident):
 def oversubscribed(size):
     """True when ``size`` ranks of this job outnumber the cores here."""
     return size > (os.cpu_count() or 1)
-
-
-def check_timeout(seconds, what="--stall-timeout", allow_none=True):
-    """``seconds`` as a positive finite float (``None`` passes when allowed);
-    :class:`~tmpi_adapters.errors.ConfigError` otherwise."""
-    from tmpi_adapters.errors import ConfigError
-    if seconds is None and allow_none:
-        return None
-    try:
-        value = float(seconds)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError("%s must be a positive, finite number of seconds, not %r"
-                          % (what, seconds))
-    return value
 
 
 class Deadline:

@@ -47,7 +47,15 @@ def imports_module(source, module):
 
 
 class FrameworkAdapter:
-    """Base class of framework adapters.
+    """Base class of framework adapters: what the core asks of every adapter.
+
+    An adapter hooks its framework while the script runs (:meth:`install`)
+    and hands the session one
+    :class:`~tmpi_adapters.core.protocol.ModelProtocol` per training
+    function (:meth:`make_model`).  Adapters of frameworks built on Theano
+    subclass :class:`~tmpi_adapters.frameworks.theano.TheanoAdapter`, which
+    finds training functions in ``theano.function`` calls; a framework that
+    is not can subclass this class directly.
 
     Parameters
     ----------
@@ -56,6 +64,10 @@ class FrameworkAdapter:
 
     #: the name users pass to ``--framework``
     name = None
+    #: Whether functions that do not train but take a batch (validation,
+    #: prediction) are split across ranks; an adapter that splits its
+    #: framework's evaluation itself (Keras') says False.
+    split_evaluations = True
 
     def __init__(self, session):
         self.session = session
@@ -68,8 +80,24 @@ class FrameworkAdapter:
         """Undo :meth:`install`."""
         self.patcher.restore()
 
-    def flush(self):
-        """Finish work held back between steps (weak scaling's pending group)."""
+    def batch_mode(self):
+        """How training calls share work across ranks.
+
+        ``"rows"``: each call's batch is split by rows (strong scaling);
+        ``"round-robin"``: groups of N calls form one step, rank r training on
+        the r-th call's batch (weak scaling of an unmodified loop);
+        ``"local"``: each rank already feeds its own data (adapters whose
+        models shard their data themselves), so batches are used whole.
+        """
+        return "round-robin" if self.session.options.scaling == "weak" else "rows"
+
+    def make_model(self, key, params, optimizer_state, model_state, graph, data):
+        """The :class:`~tmpi_adapters.core.protocol.ModelProtocol` of training
+        function ``key`` from what was found of it: its trainable parameters,
+        optimizer state and model state (shared variables), its ``graph``
+        (outputs and update expressions) and the variables that hold its
+        ``data``.  Adapters that know more than the graph shows refine it."""
+        raise NotImplementedError("%s does not make models" % type(self).__name__)
 
     def check_finished(self):
         """Called when the user's code returned without error; raise

@@ -4,7 +4,7 @@ While the script runs, two Theano entry points are hooked:
 
 ``theano.grad``
     gradients with respect to shared variables come back wrapped in a
-    :class:`~tmpi_adapters.core.ops.GradientMarker` (an identity).
+    :class:`~tmpi_adapters.graphs.gradient.GradientMarker` (an identity).
 ``theano.function``
     a function whose updates use marked gradients is a *training function*.
     Its markers are replaced by one :class:`~tmpi_adapters.core.ops.FusedAllreduce`
@@ -18,17 +18,17 @@ While the script runs, two Theano entry points are hooked:
 
 Batches are found in the call's arguments (numpy arrays sharing the length
 of their batch axis: axis 0, or axis 1 for the ``(time, batch, ...)`` inputs
-of sequence models, read from the graph by :mod:`tmpi_adapters.core.layout`),
+of sequence models, read from the graph by :mod:`tmpi_adapters.graphs.layout`),
 for scripts in the ``givens={x: data[i*B:(i+1)*B]}`` style in the slices of
 shared datasets, and in shared variables the adapter names
 (:meth:`TheanoAdapter.batch_variables`); each is rewritten to the rank's
 share (:mod:`tmpi_adapters.core.split`).  A graph that writes the batch size
 in (``x.reshape((batch_size, 1, 28, 28))``, ``conv2d(input_shape=...)``) is
-rebuilt for each rank's rows (:mod:`tmpi_adapters.core.fixedbatch`).
+rebuilt for each rank's rows (:mod:`tmpi_adapters.graphs.fixedbatch`).
 
 Functions without updates whose inputs carry a batch (validation, prediction)
 are split too, when the graph says how each returned value combines
-(:mod:`tmpi_adapters.core.outputs`): means, sums, extrema and per-row values
+(:mod:`tmpi_adapters.graphs.outputs`): means, sums, extrema and per-row values
 (:class:`~tmpi_adapters.core.function.SplitFunction`).  Other functions run
 unchanged on every rank: their results are identical everywhere.  All of this
 happens on more than one rank only: on one rank the script's graphs are its
@@ -39,11 +39,12 @@ import itertools
 import sys
 
 from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
-from tmpi_adapters.core.graph import ancestors, is_marker
-from tmpi_adapters.core.outputs import Combiner, classify
+from tmpi_adapters.graphs.marks import ancestors, is_marker
+from tmpi_adapters.core.combine import Combiner
+from tmpi_adapters.graphs.outputs import classify
 from tmpi_adapters.core.protocol import ModelProtocol, variable_name
 from tmpi_adapters.core.split import input_variables
-from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.core.step import StepExchange
 from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.frameworks.base import FrameworkAdapter, imports_module
 from tmpi_adapters.frameworks import transparency
@@ -63,21 +64,13 @@ class TheanoAdapter(FrameworkAdapter):
     #: subclass, or ``None`` for :class:`DistributedFunction` itself
     function_class = None
 
-    @property
-    def split_evaluations(self):
-        """Whether functions that do not train but take a batch (validation,
-        prediction) are split across ranks.  Adapters that split their
-        framework's evaluation themselves say False (a class attribute will
-        do); Keras' adapter splits its test function itself (``KerasEvaluation``)."""
-        return self.name != "keras"
-
     def __init__(self, session):
         super().__init__(session)
         self.functions = []
         self._original_grad = None
         self._original_function = None
         #: the cost each gradient marker was taken of (marker index -> cost):
-        #: its divisions name the batch axis (:mod:`tmpi_adapters.core.layout`)
+        #: its divisions name the batch axis (:mod:`tmpi_adapters.graphs.layout`)
         self._costs = {}
 
     # -- installing -------------------------------------------------------------
@@ -121,7 +114,7 @@ class TheanoAdapter(FrameworkAdapter):
     def _mark(g, wrt):
         from theano.compile.sharedvalue import SharedVariable
         from theano.tensor import TensorVariable
-        from tmpi_adapters.core.ops import GradientMarker
+        from tmpi_adapters.graphs.gradient import GradientMarker
         if (isinstance(wrt, SharedVariable) and isinstance(g, TensorVariable)
                 and g.dtype.startswith("float")):
             return GradientMarker(wrt)(g)
@@ -208,7 +201,7 @@ class TheanoAdapter(FrameworkAdapter):
                  givens=None, step=None, transform=None):
         """``theano.function``'s arguments with ``replace`` made in the outputs
         and updates (and ``givens`` swapped in).  With ``step`` (a
-        :class:`_StepExchange`), the outputs and updates it carries are taken
+        :class:`~tmpi_adapters.core.step.StepExchange`), the outputs and updates it carries are taken
         from the clone of its one exchange; ``transform`` rewrites the whole
         cloned graph (a fixed batch size made the rank's own)."""
         import theano
@@ -310,8 +303,8 @@ class TheanoAdapter(FrameworkAdapter):
         step = None
         if session.rule.exchanges == "gradients" and (session.size > 1 or
                                                       session.watches_exchanges()):
-            step = _StepExchange(self, key, markers, outputs, kinds, update_pairs, model,
-                                 marker_outputs)
+            step = StepExchange(session, key, markers, outputs, kinds, update_pairs, model,
+                                marker_outputs, accumulators=self.accumulators(update_pairs))
             replace = dict(step.replace)
         else:
             replace = {node.outputs[0]: node.inputs[0] for node in markers}
@@ -365,17 +358,6 @@ class TheanoAdapter(FrameworkAdapter):
         """How a scalar output the graph does not explain combines."""
         return "sum" if self.session.options.loss_reduction == "sum" else "mean"
 
-    def batch_mode(self):
-        """How training calls share work across ranks.
-
-        ``"rows"``: each call's batch is split by rows (strong scaling);
-        ``"round-robin"``: groups of N calls form one step, rank r training on
-        the r-th call's batch (weak scaling of an unmodified loop);
-        ``"local"``: each rank already feeds its own data (adapters whose
-        models shard their data themselves), so batches are used whole.
-        """
-        return "round-robin" if self.session.options.scaling == "weak" else "rows"
-
     # -- end of run ---------------------------------------------------------------
     def check_finished(self):
         if not self.functions:
@@ -392,159 +374,6 @@ class TheanoAdapter(FrameworkAdapter):
         evaluation-only run or a gradient monitor is a run, and its exit
         status stays the script's."""
         self.session.print("tmpi: warning: %s" % text, file=sys.stderr)
-
-
-class _StepExchange:
-    """The one exchange of a training step: its gradients and riders.
-
-    Riders are what else the step computes that the ranks must agree on,
-    carried in the same message instead of exchanges of their own: scalar
-    outputs that are means or sums over the batch (``--outputs averaged``),
-    model state updated from the batch (BatchNorm statistics, averaged), the
-    increments of accumulators (summed).  Only values computed without the
-    gradients ride: those computed from the exchanged gradients are already
-    the same on every rank.
-
-    Terms of a gradient that every rank computes alike (a weight penalty's)
-    do not travel when the rule reduces linearly: they are added to the
-    exchanged sum of the others (:mod:`tmpi_adapters.core.terms`).
-    """
-
-    def __init__(self, adapter, key, markers, outputs, kinds, update_pairs, model,
-                 marker_outputs):
-        from tmpi_adapters.core.ops import FusedAllreduce
-        from tmpi_adapters.core.terms import alike_terms
-        session = adapter.session
-        gradient_op = "sum" if session.options.loss_reduction == "sum" else "mean"
-        arrays = [node.inputs[0] for node in markers]
-        differs = self.differs(session, model)
-        options = session.options
-        # Weak scaling's learning-rate factor multiplies the exchanged gradients alone.
-        scaled = options.scaling == "weak" and options.lr_scaling
-        added = [None if differs is None or scaled else alike_terms(g, differs)
-                 for g in arrays]
-        arrays = [a if pair is None else pair[0] for a, pair in zip(arrays, added)]
-        # A gradient with no term from the batch is the same on every rank: its
-        # mean is itself, where a loss that sums would add it once per rank.
-        ops = [gradient_op if differs is None or scaled or differs(a) else "mean"
-               for a in arrays]
-        self.carried = {}   # output index -> position in the exchange (or in self.outputs)
-        self.states = {}    # id(updated variable) -> (position, accumulates)
-        summed = []         # (output index, what every rank computes alike)
-        if session.size > 1:
-            def rides(expr):
-                return not (set(ancestors([expr])) & marker_outputs)
-            if session.options.outputs == "averaged":
-                for i, (output, kind) in enumerate(zip(outputs, kinds)):
-                    if kind in ("mean", "sum") and output.ndim == 0 and rides(output):
-                        # A sum's penalty is counted once, not once per rank.
-                        pair = alike_terms(output, differs) \
-                            if kind == "sum" and differs is not None else None
-                        self.carried[i] = len(arrays)
-                        arrays.append(output if pair is None else pair[0])
-                        ops.append(kind)
-                        if pair is not None:
-                            summed.append((i, pair[1]))
-            sums = {id(v) for v in adapter.accumulators(update_pairs)}
-            state = {id(v) for v in model.model_state}
-            for var, expr in update_pairs:
-                if id(var) in sums and rides(expr):
-                    self.states[id(var)] = (len(arrays), True)
-                    arrays.append(expr - var)
-                    ops.append("sum")
-                elif id(var) in state and rides(expr):
-                    self.states[id(var)] = (len(arrays), False)
-                    arrays.append(expr)
-                    ops.append("mean")
-            model.averaged_state = [v for v in model.model_state if id(v) in self.states]
-        if session.overlapping:
-            self.outputs = self.parts(session, key, markers, arrays, ops)
-        else:
-            fused = FusedAllreduce(key, ops, gradients=len(markers),
-                                   exchange=session.exchange_gradients,
-                                   borrowed=session.size > 1)(*arrays)
-            self.outputs = list(fused) if isinstance(fused, (list, tuple)) else [fused]
-        #: the exchange's results, then the carried sums with their alike terms added
-        for index, alike in summed:
-            self.outputs.append(self.outputs[self.carried[index]] + alike)
-            self.carried[index] = len(self.outputs) - 1
-        self.replace = {node.outputs[0]: out if pair is None else out + pair[1]
-                        for node, out, pair in zip(markers, self.outputs, added)}
-
-    @staticmethod
-    def parts(session, key, markers, arrays, ops):
-        """``--overlap``: the exchange of ``arrays`` (the gradients of
-        ``markers``, then the riders) as parts of at most ``--bucket-bytes``
-        of gradients, filled from the last parameter back (the last layers'
-        gradients exist first), the riders in the last part.  Every part
-        starts as soon as its gradients exist; they are waited for once all
-        have started, before any update.  Returns the results, in the order
-        of ``arrays``."""
-        from tmpi_adapters.core.ops import FinishExchange, StartExchange
-        limit = session.options.bucket_bytes or OVERLAP_BUCKET_BYTES
-        parts, current, size = [], [], 0
-        for i in reversed(range(len(markers))):
-            nbytes = _nbytes(markers[i].op.wrt, arrays[i].dtype)
-            if current and size + nbytes > limit:
-                parts.append(current)
-                current, size = [], 0
-            current.append(i)
-            size += nbytes
-        parts.append(current)
-        riders = list(range(len(markers), len(arrays)))
-        members = [sorted(part) + (riders if k == len(parts) - 1 else [])
-                   for k, part in enumerate(parts)]
-        token = None
-        for k, (part, chosen) in enumerate(zip(parts, members)):
-            start = StartExchange(key, [ops[i] for i in chosen], k, sorted(part),
-                                  start=session.start_exchange)
-            token = start(*([token] if k else []) + [arrays[i] for i in chosen])
-        order = [i for chosen in members for i in chosen]
-        finish = FinishExchange(key, [arrays[i].type for i in order],
-                                finish=session.finish_exchange)(token)
-        outputs = [None] * len(arrays)
-        for i, result in zip(order, finish if isinstance(finish, (list, tuple)) else [finish]):
-            outputs[i] = result
-        return outputs
-
-    @staticmethod
-    def differs(session, model):
-        """A :class:`~tmpi_adapters.core.terms.Differs` that knows ``model``'s
-        parameters and state when terms every rank computes alike can stay out
-        of the exchange (more than one rank, a rule that reduces linearly),
-        else ``None``."""
-        from tmpi_adapters.core.terms import Differs
-        if session.size == 1 or not session.rule.reduces_linearly:
-            return None
-        return Differs(model.params + model.optimizer_state + model.model_state)
-
-    def substitute(self, cloned, exchanged, n_outputs, updated):
-        """The cloned outputs and update expressions, with what the exchange
-        carried taken from its (cloned) results."""
-        result = list(cloned)
-        for index, position in self.carried.items():
-            result[index] = exchanged[position]
-        for k, var in enumerate(updated):
-            found = self.states.get(id(var))
-            if found is not None:
-                position, accumulates = found
-                result[n_outputs + k] = (var + exchanged[position]) if accumulates \
-                    else exchanged[position]
-        return result
-
-
-#: ``--overlap``'s largest part, in bytes of gradients, unless ``--bucket-bytes`` says.
-OVERLAP_BUCKET_BYTES = 4 << 20
-
-
-def _nbytes(wrt, dtype):
-    """Bytes of the gradient with respect to shared variable ``wrt``."""
-    import numpy as np
-    try:
-        shape = wrt.get_value(borrow=True, return_internal_type=True).shape
-    except Exception:   # not a shared variable: a guess is enough to make parts
-        return 1 << 20
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def _normalize_outputs(outputs):

@@ -5,19 +5,20 @@
 :mod:`tmpi_adapters.core.split`); :func:`split_compiler` compiles it for a
 rank's share of each batch (shared batches and ``givens`` sliced, a batch
 size the graph writes in made each rank's own:
-:mod:`tmpi_adapters.core.fixedbatch`); :func:`split_evaluation` turns a
+:mod:`tmpi_adapters.graphs.fixedbatch`); :func:`split_evaluation` turns a
 function that does not train into a
 :class:`~tmpi_adapters.core.function.SplitFunction` where the graph says how
 every value it returns combines.  Theano is imported when these run.
 """
 import inspect
 
-from tmpi_adapters.core.fixedbatch import FixedBatch
+from tmpi_adapters.graphs.fixedbatch import FixedBatch
 from tmpi_adapters.core.function import SplitFunction
-from tmpi_adapters.core.graph import ancestors
-from tmpi_adapters.core.layout import Layout
-from tmpi_adapters.core.outputs import KINDS, Combiner, classify, ratio_of
-from tmpi_adapters.core.rowwise import RowWise
+from tmpi_adapters.graphs.marks import ancestors
+from tmpi_adapters.graphs.layout import Layout
+from tmpi_adapters.core.combine import Combiner
+from tmpi_adapters.graphs.outputs import KINDS, classify, ratio_of
+from tmpi_adapters.graphs.rowwise import RowWise
 from tmpi_adapters.core.split import analyse
 from tmpi_adapters.errors import ConfigError
 

@@ -1,7 +1,7 @@
 """Where each step's time went: the recorder (every rank), ``--record`` files,
 ``--progress`` bars (rank 0) and ``tmpi plot``.
 
-A built-in plugin: :mod:`tmpi_adapters.recording.recorder` does the work;
+A built-in plugin: the session times every step (:mod:`tmpi_adapters.core.timing`);
 this module adds its options and hooks it into a run.
 """
 import os
@@ -11,7 +11,7 @@ import threading
 import time
 
 from tmpi_adapters.pluginmanager import hookimpl
-from tmpi_adapters.recording.recorder import RunLog
+from tmpi_adapters.recording.runlog import RunLog
 from tmpi_adapters.version import __version__
 
 

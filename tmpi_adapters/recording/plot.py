@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from tmpi_adapters.errors import TmpiError
-from tmpi_adapters.recording.recorder import LABELS
+from tmpi_adapters.core.timing import LABELS
 
 #: Colours of the time split, the same in every figure.
 PHASE_COLOURS = {"compute": "#4c72b0", "comm": "#dd8452", "wait": "#c44e52", "data": "#8c8c8c"}

@@ -100,7 +100,7 @@ class Rule:
     #: Gradient rules: :meth:`reduce_gradients` is a weighted mean (or sum)
     #: taken element by element, so a gradient's terms that every rank
     #: computes alike (a weight penalty's) are added after it instead of
-    #: travelling (:mod:`tmpi_adapters.core.terms`).  ``False`` (the safe
+    #: travelling (:mod:`tmpi_adapters.graphs.terms`).  ``False`` (the safe
     #: default) for a rule that transforms what it reduces (compression,
     #: clipping by the global norm).
     reduces_linearly = False
@@ -181,13 +181,13 @@ class Rule:
         """
         return self.exchanger.allreduce(arrays, ops=ops, weight=weight, total=total)
 
-    @property
-    def overlaps(self):
-        """Whether a step's exchange may be split into parts that overlap
-        backpropagation (``--overlap``): gradient rules whose reduction is the
-        exchanger's exact allreduce (:meth:`reduce_gradients` not overridden)."""
-        return self.exchanges == "gradients" and \
-            type(self).reduce_gradients is Rule.reduce_gradients
+    #: Whether a step's exchange may be split into parts that overlap
+    #: backpropagation (``--overlap``): then :meth:`start_reduce_gradients`
+    #: is called once per part instead of :meth:`reduce_gradients` once.  A
+    #: gradient rule whose reduction is the exchanger's exact allreduce says
+    #: True (BSP); one that reduces its own way leaves it False, and
+    #: ``--overlap`` is refused for it.
+    overlaps = False
 
     def start_reduce_gradients(self, arrays, weight, ops=None, total=None, slot=None):
         """:meth:`reduce_gradients` of one part of an overlapped step, started:

@@ -26,6 +26,8 @@ class BSP(Rule):
     def __init__(self, session, **options):
         super().__init__(session, **options)
         self.exchanges = "gradients" if self.mode == "grad" else "parameters"
+        # The exact exchange, which parts can start during backpropagation.
+        self.overlaps = self.mode == "grad"
 
     def after_step(self, model, samples):
         if self.mode == "avg" and model.step % self.period == 0:

@@ -32,7 +32,8 @@ import numpy as np
 
 from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.exchangers import codecs
-from tmpi_adapters.exchangers.base import Exchanger, check_precision, check_reduce_op, pack_plan
+from tmpi_adapters.exchangers.base import Exchanger, check_reduce_op, pack_plan
+from tmpi_adapters.options import check_precision
 from tmpi_adapters.exchangers.experimental import survey
 from tmpi_adapters.exchangers.mpi import MPIExchanger
 

@@ -22,7 +22,7 @@ from tmpi_adapters.frameworks.blocks.extension import Distributed
 from tmpi_adapters.pluginmanager import hookimpl
 
 __all__ = ["BlocksAdapter", "Distributed", "blocks_missing_reason", "tmpi_frameworks",
-           "tmpi_detect_framework", "tmpi_after_step"]
+           "tmpi_detect_framework"]
 
 
 @hookimpl
@@ -35,11 +35,3 @@ def tmpi_detect_framework(source, path):
     if imports_module(source, "blocks"):
         return "blocks"
     return None
-
-
-@hookimpl
-def tmpi_after_step(session, model, step, samples):
-    """Tell the Blocks adapter the rows of the step just taken (its monitoring
-    shares need them)."""
-    if isinstance(session.adapter, BlocksAdapter):
-        session.adapter.last_samples = samples

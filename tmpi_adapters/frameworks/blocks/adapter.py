@@ -45,7 +45,7 @@ Nothing here imports Blocks until a session actually uses this adapter.
 import importlib
 
 from tmpi_adapters.core.function import DistributedFunction
-from tmpi_adapters.core.graph import is_marker
+from tmpi_adapters.graphs.marks import is_marker
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.frameworks.blocks.functions import BlocksTrainingFunction, SplitEvaluation
 from tmpi_adapters.frameworks.blocks.model import BlocksModel, loop_shape
@@ -54,6 +54,7 @@ from tmpi_adapters.frameworks.blocks.monitoring import (MonitoringShares, buffer
 from tmpi_adapters.frameworks.theano import TheanoAdapter
 from tmpi_adapters.frameworks.writes import is_path
 from tmpi_adapters.launch import compat
+from tmpi_adapters.pluginmanager import hookimpl
 
 
 def blocks_missing_reason():
@@ -118,6 +119,8 @@ class BlocksAdapter(TheanoAdapter):
     def install(self):
         _require_blocks()
         super().install()
+        # Told of this session's steps only, not every framework's.
+        self.session.pm.register(self)
         from blocks.algorithms import UpdatesAlgorithm
         from blocks.main_loop import MainLoop
         from blocks.monitoring.evaluators import AggregationBuffer, DatasetEvaluator
@@ -140,6 +143,17 @@ class BlocksAdapter(TheanoAdapter):
         hook(AggregationBuffer, "get_aggregated_values", self._read_out)
         hook(DatasetEvaluator, "_compile", self._compile_evaluator)
         self._write_checkpoints_once()
+
+    def uninstall(self):
+        if self.session.pm.is_registered(self):
+            self.session.pm.unregister(self)
+        super().uninstall()
+
+    @hookimpl
+    def tmpi_after_step(self, session, model, step, samples):
+        """The rows of the step just taken (the monitoring shares need them)."""
+        if session is self.session:
+            self.last_samples = samples
 
     def _write_checkpoints_once(self):
         """Blocks' ``Checkpoint`` dumps under tmpi's rule for files."""
@@ -310,7 +324,7 @@ def mark_gradients(algorithm):
     updates are rebuilt on the marked gradients, in the order of its parameters.
     """
     import theano
-    from tmpi_adapters.core.ops import GradientMarker
+    from tmpi_adapters.graphs.gradient import GradientMarker
     replace = {}
     for parameter in algorithm.parameters:
         gradient = algorithm.gradients[parameter]

@@ -8,8 +8,8 @@ process would hold.  A read-out lends the buffer that sum
 (:meth:`MonitoringShares.summed`), so logged values equal one process's.
 
 How a monitored value combines is read from its graph
-(:func:`tmpi_adapters.core.outputs.classify`, with the batch axes of the
-buffer's inputs from :mod:`tmpi_adapters.core.layout`): a mean over rows is
+(:func:`tmpi_adapters.graphs.outputs.classify`, with the batch axes of the
+buffer's inputs from :mod:`tmpi_adapters.graphs.layout`): a mean over rows is
 scaled by the rank's share of the rows, a sum over rows (a count such as
 ``x.shape[0]``, a ``mean(total, count)``'s parts) is kept whole and added,
 a maximum or minimum over rows is the extremum over ranks, and a value
@@ -22,7 +22,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from tmpi_adapters.core.graph import ancestors
+from tmpi_adapters.graphs.marks import ancestors
 
 
 #: One monitoring accumulator that holds this rank's share.  ``additive``:
@@ -73,12 +73,12 @@ def _has_data(expression, inputs):
 
 
 def buffer_layout(buffer):
-    """The :class:`~tmpi_adapters.core.layout.Layout` of a Blocks
+    """The :class:`~tmpi_adapters.graphs.layout.Layout` of a Blocks
     ``AggregationBuffer``'s inputs (their batch axes: axis 1 for the
     ``(time, batch)`` inputs of recurrent bricks) and its row-wise marks."""
     from blocks.monitoring.aggregation import Mean
-    from tmpi_adapters.core.layout import Layout
-    from tmpi_adapters.core.rowwise import RowWise
+    from tmpi_adapters.graphs.layout import Layout
+    from tmpi_adapters.graphs.rowwise import RowWise
     inputs = set(buffer.inputs)
     schemes = [getattr(v.tag, "aggregation_scheme", None) for v in buffer.variables]
     counts = [s.denominator for s in schemes if isinstance(s, Mean)
@@ -163,7 +163,7 @@ def _increment(scheme, expr):
 def _classifier(inputs, layout):
     """``kind(variable)``: how a monitored value combines over ranks (see the
     module doc), read with ``layout``'s ``(Layout, RowWise)``."""
-    from tmpi_adapters.core.outputs import classify
+    from tmpi_adapters.graphs.outputs import classify
     rows = layout[1]
 
     def kind(variable):

@@ -48,7 +48,7 @@ import numpy as np
 
 from tmpi_adapters.core.batches import batch_rows
 from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
-from tmpi_adapters.core.graph import ancestors
+from tmpi_adapters.graphs.marks import ancestors
 from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.frameworks.keras.metrics import metric_kinds, metric_variables
 from tmpi_adapters.frameworks.keras.sharding import (shard_fit_arguments,
@@ -64,6 +64,8 @@ class KerasAdapter(TheanoAdapter):
     """Hooks Keras on top of ``theano.grad``/``theano.function`` (see module docstring)."""
 
     name = "keras"
+    #: Keras' test function is split by the adapter itself (``KerasEvaluation``).
+    split_evaluations = False
 
     def __init__(self, session):
         super().__init__(session)

@@ -63,7 +63,7 @@ def _pairs(updates):
 
 def _increment_kind(variable, update):
     """The kind of ``update - variable`` when ``update`` is ``variable + increment``."""
-    from tmpi_adapters.core.outputs import classify
+    from tmpi_adapters.graphs.outputs import classify
     node = getattr(update, "owner", None)
     inputs = list(getattr(node, "inputs", []))
     if len(inputs) != 2 or not any(i is variable for i in inputs) or \

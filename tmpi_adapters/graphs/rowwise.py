@@ -5,11 +5,11 @@ is computed from the same example's slice of the inputs only: predictions,
 per-example losses, a network's activations.  Row-wise values split across
 ranks like their inputs and are gathered back in rank order; reductions of
 them over the batch (sums, means, maxima) combine as
-:mod:`tmpi_adapters.core.outputs` says.  Everything else that depends on the
+:mod:`tmpi_adapters.graphs.outputs` says.  Everything else that depends on the
 batch (a value normalised by the batch's own statistics, a slice across
 examples, a scan's states) is *mixed*: it cannot be computed from parts.
 
-:class:`RowWise` marks every variable of a :class:`~tmpi_adapters.core.layout.Layout`'s
+:class:`RowWise` marks every variable of a :class:`~tmpi_adapters.graphs.layout.Layout`'s
 graph once, when a function is compiled:
 
 ``int``

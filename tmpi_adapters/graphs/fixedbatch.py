@@ -29,7 +29,7 @@ def _nodes(variables):
 
 def _constant_shape(variable):
     """The ints of a constant shape vector, or ``None``."""
-    from tmpi_adapters.core.layout import constant_ints
+    from tmpi_adapters.graphs.layout import constant_ints
     return constant_ints(variable)
 
 

@@ -25,7 +25,7 @@ than one rank; nothing here runs per call.  Theano is imported only when a
 """
 import numpy as np
 
-from tmpi_adapters.core.sizes import node_sizes
+from tmpi_adapters.graphs.sizes import node_sizes
 
 
 class Layout:

@@ -7,8 +7,8 @@ function is called.
 
 
 def is_marker(variable):
-    """True for the output of a :class:`~tmpi_adapters.core.ops.GradientMarker`."""
-    from tmpi_adapters.core.ops import GradientMarker
+    """True for the output of a :class:`~tmpi_adapters.graphs.gradient.GradientMarker`."""
+    from tmpi_adapters.graphs.gradient import GradientMarker
     return variable.owner is not None and isinstance(variable.owner.op, GradientMarker)
 
 

@@ -15,14 +15,9 @@ Every step is split into
              pass); reported as "between steps".
 
 Every rank keeps its own records; rank 0 prints a summary averaged over ranks
-at the end.  ``tmpi wrap --record run.jsonl`` writes one JSON object per line
-on rank 0 (a ``run`` header, one ``step`` per training step with the
-training function's scalar outputs, and a closing ``summary``) that
-``tmpi plot run.jsonl`` draws; ``--progress`` shows a progress bar on rank 0.
+at the end.  The recording plugin (:mod:`tmpi_adapters.recording`) writes
+them to ``--record`` files and shows ``--progress``.
 """
-import json
-import os
-import sys
 import time
 
 import numpy as np
@@ -249,42 +244,3 @@ def scalar_outputs(values, names=None):
         name = names[i] if names[i] and names.count(names[i]) == 1 else "output%d" % i
         result[name] = number if np.isfinite(number) else None
     return result
-
-
-# -- the recorder plugin: --record and --progress -------------------------------------
-
-class RunLog:
-    """JSON lines on rank 0, flushed about once a second (and at the end)."""
-
-    def __init__(self, path, header):
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        self.path = path
-        self._handle = open(path, "w", encoding="utf-8")
-        self._flushed = time.monotonic()
-        self.write(header)
-
-    def write(self, record):
-        self._handle.write(json.dumps(_finite(record), allow_nan=False, default=_jsonable)
-                           + "\n")
-        if time.monotonic() - self._flushed > 1.0:
-            self._handle.flush()
-            self._flushed = time.monotonic()
-
-    def close(self):
-        self._handle.close()
-
-
-def _finite(value):
-    """The record with NaN/inf replaced by null (strict JSON has no NaN)."""
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    return value
-
-
-def _jsonable(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError("not JSON serialisable: %r" % (value,))

@@ -101,6 +101,8 @@ def _run_distributed(main, args, kwargs, framework, rule, rule_options, options)
     from tmpi_adapters.launch import compat, failure, output, runtime
     compat.apply()
     opts = _options(main, framework, rule, rule_options, options)
+    from tmpi_adapters.reliability import preemption
+    preemption.install(opts)
     rank, size = runtime.mpi_rank_size()
     output.route_output(opts, rank, size)
     from mpi4py import MPI
@@ -116,6 +118,8 @@ def _run_distributed(main, args, kwargs, framework, rule, rule_options, options)
         try:
             result = main(*args, **kwargs)
         except SystemExit as exit_:
+            if isinstance(exit_, preemption.Preempted):
+                failure.end_preempted(session, exit_, size)
             # A deliberate exit: the script's status, as under plain python,
             # without a failure report (nor end-of-run exchanges unless 0).
             if exit_.code in (None, 0):

@@ -138,6 +138,19 @@ def end_after_failure(session, error, rank, size):
     fail(error, rank, size)
 
 
+def end_preempted(session, preempted, size):
+    """Rank 0 wrote the checkpoint a SIGTERM or SIGUSR1 asked for and said so
+    (:class:`~tmpi_adapters.reliability.preemption.Preempted`): finish
+    without a failure report and end the whole job with its status (the
+    other ranks wait in the step rank 0 did not start)."""
+    finish_after_failure(session, preempted)
+    flush_partial_lines()
+    if size > 1:
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(preempted.code)
+    sys.exit(preempted.code)
+
+
 def ends_cleanly(error):
     """True for a tmpi error that means "nothing to do" (exit status 0): a
     requeued job whose run had already finished."""

@@ -8,10 +8,12 @@ launcher removes it when the job ends, also on SIGINT and SIGTERM; a launcher
 killed with SIGKILL cannot, so every launch first sweeps the directories whose
 launcher is gone (:func:`sweep_job_dirs`).
 """
+import mmap
 import os
 import re
 import shutil
 import socket
+import struct
 import tempfile
 import time
 
@@ -42,7 +44,9 @@ def rank_file(directory, rank, kind):
     ``pid`` (``"<pid> <host>"``, written at start), ``stderr`` (non-zero
     ranks' stderr), ``done`` (the script finished), ``exit`` (the script
     ended with a non-zero ``sys.exit``; holds the status), ``failed`` (a
-    failure was reported and the job is being aborted).
+    failure was reported and the job is being aborted), ``preempted`` (rank
+    0 wrote the checkpoint a SIGTERM or SIGUSR1 asked for; holds its
+    report), ``progress`` (rank 0's training step, :class:`Progress`).
     """
     return os.path.join(directory, "rank%d.%s" % (rank, kind))
 
@@ -58,6 +62,30 @@ def mark(rank, kind, text=""):
             handle.write(text)
     except OSError:
         pass  # the launcher only loses a detail of its final message
+
+
+class Progress:
+    """Rank 0's training step, kept where its launcher reads it after the job
+    ended however it ended (:func:`read_progress`): a file mapped into memory,
+    so that a step costs one store and no system call, and what was stored
+    outlives a SIGKILL."""
+
+    def __init__(self, directory, rank=0):
+        with open(rank_file(directory, rank, "progress"), "w+b") as handle:
+            handle.truncate(8)
+            self._map = mmap.mmap(handle.fileno(), 8)
+
+    def write(self, step):
+        struct.pack_into("<q", self._map, 0, step)
+
+
+def read_progress(directory, rank=0):
+    """The last step :class:`Progress` stored, or 0."""
+    try:
+        with open(rank_file(directory, rank, "progress"), "rb") as handle:
+            return struct.unpack("<q", handle.read(8))[0]
+    except (OSError, struct.error):
+        return 0
 
 
 class RankInfo:

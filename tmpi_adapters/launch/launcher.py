@@ -2,9 +2,11 @@
 when already inside an MPI job or asked for one rank.
 
 The launching process then watches the job it started
-(:class:`~tmpi_adapters.launch.watch.JobWatch`).  Its job directory
-(``tmpi-job-*`` in the temporary directory) goes when it ends, also on SIGINT
-and SIGTERM; those a SIGKILL left are swept away by the next launch.
+(:class:`~tmpi_adapters.launch.watch.JobWatch`), and with ``--max-restarts``
+starts it again when a rank fails (:mod:`~tmpi_adapters.launch.restarts`).
+Each job's directory (``tmpi-job-*`` in the temporary directory) goes when
+it ends, also on SIGINT and SIGTERM; those a SIGKILL left are swept away by
+the next launch.
 """
 import os
 import shutil
@@ -20,7 +22,9 @@ from tmpi_adapters.launch.jobdir import (JOB_DIR_ENV, JOB_DIR_PREFIX, claim_job_
                                          sweep_job_dirs)
 from tmpi_adapters.launch.target import as_target, find_module, target_argv
 from tmpi_adapters.launch.threads import THREAD_ENV, default_threads, limit_blas_threads
-from tmpi_adapters.launch.watch import JobWatch, OutputRelay, stopped_by_signals
+from tmpi_adapters.launch.restarts import Restarts
+from tmpi_adapters.launch.watch import JobWatch, OutputRelay, Preemption, stopped_by_signals
+from tmpi_adapters.reliability import preemption
 
 #: Environment variables set by MPI launchers in each rank they start.
 RANK_ENV = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
@@ -186,7 +190,8 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
     return the job's exit status (the script's own when it calls ``sys.exit``).
 
     Inside an existing MPI job (``mpiexec -n 4 tmpi wrap ...``, ``srun tmpi
-    wrap ...``) or with ``n == 1`` the current process becomes the rank.
+    wrap ...``) or with ``n == 1`` the current process becomes the rank
+    (unless ``--max-restarts``: a restart needs fresh processes).
     ``threads_per_rank`` sets the BLAS/OpenMP threads of each rank; by
     default ranks tmpi starts share the cores (:func:`default_threads`), and
     a rank tmpi did not start keeps what it has.  Ranks that cannot fit this
@@ -196,7 +201,14 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
     check_target(target)
     if n < 1:
         raise TmpiError("-n must be at least 1, not %d." % n)
-    if inside_mpi_job() or (n == 1 and not mpiexec_args):
+    restarts = Restarts.from_options(options, n)
+    if restarts is not None and inside_mpi_job():
+        raise TmpiError("--max-restarts needs tmpi wrap to start the ranks itself, and this "
+                        "tmpi runs inside an MPI job (srun, mpiexec) that started them. Run "
+                        "`tmpi wrap -n N --max-restarts K ...` outside it (in the batch "
+                        "script), or leave --max-restarts out and let the scheduler requeue "
+                        "the job with --resume auto.")
+    if inside_mpi_job() or (n == 1 and not mpiexec_args and restarts is None):
         env = rank_environment(options, threads_per_rank, 1)
         os.environ.update({k: v for k, v in env.items() if k not in os.environ or
                            k == OPTIONS_ENV})
@@ -214,12 +226,27 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
         # Rank 0's bar shows once Theano is imported, seconds from now.
         sys.stderr.write("tmpi: starting %d ranks (importing Theano) ...\n" % n)
         sys.stderr.flush()
+    sweep_job_dirs()
+    stop = Preemption() if preemption.wanted(options) else None
+
+    def run_job(options, n):
+        return start_job(target, script_args, options, n, mpiexec, mpiexec_args,
+                         threads_per_rank, stop)
+    with stopped_by_signals(stop):
+        if restarts is None:
+            return run_job(options, n).status
+        return restarts.run(run_job, options, n, stop)
+
+
+def start_job(target, script_args, options, n, mpiexec=None, mpiexec_args=(),
+              threads_per_rank=None, stop=None):
+    """Start ``n`` fresh ranks with ``mpiexec`` and watch them until they
+    end; returns the :class:`JobWatch`, whose ``status`` is the job's."""
     env = rank_environment(options, threads_per_rank, n)
     command = [find_mpiexec(mpiexec), "-n", str(n)] + list(mpiexec_args) + [
         sys.executable, "-m", "tmpi_adapters.launch.runtime"] + target_argv(target) + \
         list(script_args)
-    sweep_job_dirs()
-    with stopped_by_signals(), tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as directory:
+    with tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as directory:
         claim_job_dir(directory)
         env[JOB_DIR_ENV] = directory
         env[LAUNCHER_PID_ENV] = str(os.getpid())
@@ -237,4 +264,6 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
         except OSError as exc:
             raise TmpiError("could not start %s: %s. Check --mpiexec, or install the "
                             "mpich wheel (pip install mpich)." % (command[0], exc))
-        return JobWatch(process, directory, n, relay=relay).start().wait()
+        watch = JobWatch(process, directory, n, relay=relay, preemption=stop).start()
+        watch.wait()
+        return watch

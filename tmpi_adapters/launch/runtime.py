@@ -13,14 +13,15 @@ import socket
 import sys
 
 from tmpi_adapters.launch import compat
-from tmpi_adapters.launch.failure import (end_after_failure, end_quietly, ends_cleanly,
-                                          finish_after_failure)
+from tmpi_adapters.launch.failure import (end_after_failure, end_preempted, end_quietly,
+                                          ends_cleanly, finish_after_failure)
 from tmpi_adapters.launch.jobdir import mark
 from tmpi_adapters.launch.output import flush_partial_lines, route_output
 from tmpi_adapters.launch.target import (exit_status, parse_argv, run_target,
                                          take_decorator_options, target_file, as_python_runs,
                                          detect_framework)
 from tmpi_adapters.options import Options
+from tmpi_adapters.reliability import preemption
 
 
 def mpi_rank_size():
@@ -86,6 +87,7 @@ def main(argv=None):
         sys.exit("usage: python -m tmpi_adapters.launch.runtime (SCRIPT | -m MODULE) [ARGS...]")
     target, args = parse_argv(argv)
     options = Options.from_env()
+    preemption.install(options)  # before the launcher can name this rank
     rank, size = mpi_rank_size()
     route_output(options, rank, size)
     session = None
@@ -99,6 +101,8 @@ def main(argv=None):
         with as_python_runs(target, args):  # until the final checkpoint is written
             session = Session(options, script=target_file(target)).start()
             ended = run_target(target)
+            if isinstance(ended, preemption.Preempted):
+                raise ended
             code = 0 if ended is None else exit_status(ended.code)
             if ended is not None and not isinstance(ended.code, (int, type(None))):
                 print(ended.code, file=sys.stderr, flush=True)  # as python does
@@ -109,6 +113,8 @@ def main(argv=None):
                 # script's status, no failure report, no end-of-run exchanges.
                 finish_after_failure(session, ended)
     except BaseException as error:  # noqa: B902 - every failure must end the job
+        if isinstance(error, preemption.Preempted):
+            end_preempted(session, error, size)  # does not return
         if not ends_cleanly(error):
             end_after_failure(session, error, rank, size)  # does not return
         end_quietly(session, error, rank)  # nothing to do: a requeued finished run

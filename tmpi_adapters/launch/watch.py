@@ -19,8 +19,9 @@ import threading
 import time
 
 from tmpi_adapters.launch.jobdir import (belongs_to_job, has_mark, process_alive, rank_file,
-                                         read_ranks)
+                                         read_progress, read_ranks)
 from tmpi_adapters.launch.output import RELAY_FILE
+from tmpi_adapters.reliability.preemption import PREEMPTED, SIGNALS
 
 #: Seconds a rank may be gone without a word before the launcher ends the job
 #: itself (hydra usually does so at once).
@@ -51,7 +52,16 @@ def stderr_tail(directory, rank, lines=6):
     return "\n".join("    " + line for line in kept)
 
 
+def name_signal(number):
+    """``"signal 9 (SIGKILL)"``."""
+    try:
+        return "signal %d (%s)" % (number, signal.Signals(number).name)
+    except ValueError:
+        return "signal %d" % number
+
+
 def describe_signal(number):
+    """:func:`name_signal`, and what usually sends it."""
     try:
         name = signal.Signals(number).name
     except ValueError:
@@ -99,11 +109,56 @@ def _stop(signum, frame):
     raise Stopped(signum)
 
 
-def stopped_by_signals():
+@contextlib.contextmanager
+def stopped_by_signals(preemption=None):
     """While the job runs, SIGTERM and SIGHUP raise :class:`Stopped` (SIGINT
     raises ``KeyboardInterrupt``), so that the job is stopped and its
-    directory removed instead of the launcher dying on the spot."""
-    return handled((signal.SIGTERM, signal.SIGHUP), _stop, only_default=True)
+    directory removed instead of the launcher dying on the spot; with a
+    :class:`Preemption`, SIGTERM and SIGUSR1 go to it instead."""
+    with handled((signal.SIGHUP,) + (() if preemption else (signal.SIGTERM,)), _stop,
+                 only_default=True), \
+            handled(SIGNALS if preemption else (), preemption, only_default=True):
+        yield
+
+
+class Preemption:
+    """The launcher's SIGTERM or SIGUSR1 when the ranks checkpoint on it
+    (``--checkpoint-dir``; :mod:`~tmpi_adapters.reliability.preemption`):
+    passed on to the job as SIGUSR1 (``mpiexec`` gives it to every rank), so
+    that rank 0 writes a checkpoint at the end of the step in flight and the
+    job ends with :data:`PREEMPTED`.  A second signal stops the job at once.
+
+    Attributes
+    ----------
+    signal : str or None
+        The name of the signal received.
+    process : subprocess.Popen or None
+        The ``mpiexec`` of the job that runs now.
+    """
+
+    def __init__(self):
+        self.signal = None
+        self.process = None
+
+    def __call__(self, number, frame):
+        if self.signal is not None:
+            raise Stopped(number)
+        self.signal = signal.Signals(number).name
+        sys.stdout.flush()
+        sys.stderr.write("tmpi: %s: rank 0 writes a checkpoint at the end of the step in "
+                         "flight, then the job ends with status %d (%s again stops it at "
+                         "once).\n" % (self.signal, PREEMPTED, self.signal))
+        sys.stderr.flush()
+        self.pass_on()
+
+    def pass_on(self):
+        """Give the running job the signal (SIGUSR1: Open MPI's ``mpirun``
+        passes it on too, where it would end the job on SIGTERM)."""
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.process.send_signal(signal.SIGUSR1)
+            except OSError:
+                pass
 
 
 def signals_ignored():
@@ -221,8 +276,9 @@ class JobWatch:
         The number of ranks.
     """
 
-    def __init__(self, process, directory, n, poll=0.25, relay=None):
+    def __init__(self, process, directory, n, poll=0.25, relay=None, preemption=None):
         self.process = process
+        self.preemption = preemption
         self.directory = directory
         self.n = n
         self.poll = poll
@@ -231,6 +287,14 @@ class JobWatch:
         self.aborts = []         # (rank, code) of MPI_Abort calls tmpi did not make
         self.vanished = None     # (RankInfo, seconds) of a rank gone without a word
         self.interrupted = None  # the signal that stopped the launcher
+        #: Why the job failed in a way a restart may mend (a rank killed,
+        #: crashed or vanished), in words; ``None`` for any other end.
+        self.failure = None
+        #: Rank 0's training step when the job ended
+        #: (:class:`~tmpi_adapters.launch.jobdir.Progress`).
+        self.progress = 0
+        #: The job's exit status, once it ended.
+        self.status = None
         self._gone_since = {}
         self._opened = set()       # ranks whose end is watched (a pidfd was opened)
         #: The ranks of this machine as they ended, in groups seen at once.
@@ -250,6 +314,10 @@ class JobWatch:
     def start(self):
         for thread in self._threads:
             thread.start()
+        if self.preemption is not None:
+            self.preemption.process = self.process
+            if self.preemption.signal is not None:  # it came while the job started
+                self.preemption.pass_on()
         return self
 
     def wait(self):
@@ -265,7 +333,9 @@ class JobWatch:
         for thread in self._threads:
             thread.join(timeout=5)
         self.kill_leftovers()
-        return self.final_status(code)
+        self.progress = read_progress(self.directory)
+        self.status = self.final_status(code)
+        return self.status
 
     # -- output ---------------------------------------------------------------
     def _pump_stdout(self):
@@ -430,9 +500,13 @@ class JobWatch:
 
     # -- the final word -------------------------------------------------------------
     def final_status(self, code):
-        """Report what ended the job, once, naming the rank; return the exit status."""
+        """Report what ended the job, once, naming the rank; return the exit
+        status.  :attr:`failure` says why when a restart may mend it."""
         if self.interrupted is not None:
             return self._interrupted_status()
+        preempted = self._preempted_status(code)
+        if preempted is not None:
+            return preempted
         ranks = read_ranks(self.directory)
         by_pid = {info.pid: info for info in ranks.values()}
         failed = [r for r in ranks if has_mark(self.directory, r, "failed")]
@@ -443,9 +517,13 @@ class JobWatch:
         terminations = [] if self.vanished is not None else [
             t for t in self.terminations if not (t[0] in by_pid and by_pid[t[0]].rank in exits)]
         for pid, host, exit_code, exit_string in terminations:
-            messages.append(self._describe_termination(by_pid.get(pid), pid, host,
-                                                       exit_code, exit_string))
-            number = _signal_number(exit_string)
+            info, number = by_pid.get(pid), _signal_number(exit_string)
+            messages.append(self._describe_termination(info, pid, host, exit_code,
+                                                       exit_string))
+            self.failure = self.failure or "%s %s" % (
+                "rank %d" % info.rank if info else "a process of the job",
+                "was killed by %s" % name_signal(number) if number else
+                "exited with status %s without finishing" % exit_code)
             if number and not signalled:
                 # As a shell reports a process a signal ended: 128 + its
                 # number (mpiexec gives the bare number, which would read as
@@ -453,12 +531,14 @@ class JobWatch:
                 signalled = code = 128 + number
         if self.vanished is not None:
             info, _ = self.vanished
+            self.failure = "rank %d is gone without reporting an error" % info.rank
             messages.append("tmpi: rank %d (pid %d) is gone without reporting an error "
                             "(it exited without finalizing MPI, e.g. os._exit); the job "
-                            "was stopped.%s" % (info.rank, info.pid,
-                                                self._tail(info.rank)))
+                            "was stopped.%s" % (info.rank, info.pid, self._tail(info.rank)))
             code = code or 1
         if code < 0:
+            self.failure = self.failure or "%s was killed by %s" % (
+                os.path.basename(self.process.args[0]), name_signal(-code))
             messages.append("tmpi: %s (pid %d) was killed by %s; the job's ranks were "
                             "stopped." % (os.path.basename(self.process.args[0]),
                                           self.process.pid, describe_signal(-code)))
@@ -470,11 +550,16 @@ class JobWatch:
             if rank not in failed:
                 messages.append("tmpi: rank %d called MPI_Abort(%d); the job was ended."
                                 % (rank, abort_code))
+        if failed and code == 1 and not exits:
+            # An exception in the script (tmpi's own errors have statuses of
+            # their own): a data file that could not be read, memory.
+            self.failure = self.failure or self._failed_line(failed)
         if not messages and not ranks and code != 0:
-            messages.append("tmpi: %s ended with status %d before any rank started; see "
-                            "its output above. Check --mpiexec and --mpiexec-arg, or run "
-                            "the script with -n 1 to see it start."
-                            % (os.path.basename(self.process.args[0]), code))
+            self.failure = "%s ended with status %d before any rank started" % (
+                os.path.basename(self.process.args[0]), code)
+            messages.append("tmpi: %s; see its output above. Check --mpiexec and "
+                            "--mpiexec-arg, or run the script with -n 1 to see it "
+                            "start." % self.failure)
         if not messages and not failed and any(exits.values()):
             # The script's own status (mpiexec would OR those of the ranks).
             code = [exits[r] for r in sorted(exits) if exits[r]][0]
@@ -483,12 +568,15 @@ class JobWatch:
                                 and ranks[r].host in (None, self.host))
             first = [r for r in (self.ended[0] if self.ended else []) if r in unfinished]
             if len(first) == 1:
+                self.failure = "rank %d left without finishing the script" % first[0]
                 messages.append("tmpi: rank %d (pid %d) left without finishing the script "
                                 "or finalizing MPI (os._exit, or a library that ended the "
                                 "process); mpiexec stopped the other ranks.%s"
                                 % (first[0], ranks[first[0]].pid, self._tail(first[0])))
                 code = 1
             elif unfinished:
+                self.failure = "rank(s) %s did not finish the script" % ", ".join(
+                    map(str, unfinished))
                 messages.append("tmpi: the job ended with status 0, but rank(s) %s did not "
                                 "finish the script: one of them exited without finalizing "
                                 "MPI (e.g. os._exit) and mpiexec stopped the others."
@@ -499,6 +587,29 @@ class JobWatch:
             sys.stderr.write("\n".join(messages) + "\n")
             sys.stderr.flush()
         return code
+
+    def _preempted_status(self, code):
+        """:data:`PREEMPTED` when rank 0 wrote the checkpoint a SIGTERM or
+        SIGUSR1 asked for (its report said so), or when this launcher passed
+        one on and the job did not finish; else ``None``."""
+        try:
+            with open(rank_file(self.directory, 0, "preempted"), "rb") as handle:
+                report = handle.read().strip()
+        except OSError:
+            report = None
+        asked = self.preemption is not None and self.preemption.signal
+        if report is None and not (asked and code != 0):
+            return None
+        if report is None:
+            report = (b"tmpi: the job stopped on %s before rank 0 wrote a checkpoint (it "
+                      b"was starting, or between calls of compiled functions); --resume "
+                      b"auto continues from the newest checkpoint, if any."
+                      % asked.encode())
+        if report not in self.reports_seen:
+            sys.stdout.flush()
+            sys.stderr.write(report.decode("utf-8", "replace") + "\n")
+            sys.stderr.flush()
+        return PREEMPTED
 
     def _interrupted_status(self):
         """Ctrl-C or SIGTERM reached tmpi: one line (unless a rank, interrupted
@@ -526,6 +637,19 @@ class JobWatch:
                 return None
             return text.decode("utf-8", "replace").rstrip("\n")
         return None
+
+    def _failed_line(self, failed):
+        """``rank 1 of 2 failed: ValueError: ...`` from the first failed rank's report."""
+        for rank in sorted(failed):
+            try:
+                with open(rank_file(self.directory, rank, "failed"), "rb") as handle:
+                    lines = handle.read().decode("utf-8", "replace").splitlines()
+            except OSError:
+                continue
+            said = [line[len("tmpi: "):] for line in lines if line.startswith("tmpi: ")]
+            if said:
+                return said[-1]
+        return "rank %d failed" % min(failed)
 
     def _describe_termination(self, info, pid, host, exit_code, exit_string):
         who = "rank %d (pid %d on %s)" % (info.rank, pid, host) if info else \

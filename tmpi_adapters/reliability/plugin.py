@@ -10,12 +10,18 @@ A built-in plugin.  Its options (``tmpi wrap --help``, or keyword arguments of
     --allow-new-arguments         resume although the script's arguments changed
     --on-stall report|abort       what a stall does after --stall-timeout
     --nonfinite off|stop|skip     NaN/Inf in exchanged gradients or parameters
+    --max-restarts K              restart a job whose rank failed, from its checkpoint
+    --min-ranks M                 let a restart continue on fewer ranks, at least M
+
+With ``--checkpoint-dir`` a SIGTERM or SIGUSR1 writes a checkpoint and ends
+the job with status 75 (:mod:`~tmpi_adapters.reliability.preemption`).
 
 The pieces live in :mod:`~tmpi_adapters.reliability.watchdog` (heartbeats and
 stall reports), :mod:`~tmpi_adapters.reliability.checkpoint` (checkpoint files,
 exact resume by replay) and :mod:`~tmpi_adapters.reliability.nonfinite`;
 failed and killed ranks are handled by :mod:`~tmpi_adapters.launch.failure`
-and :mod:`~tmpi_adapters.launch.watch`.
+and :mod:`~tmpi_adapters.launch.watch`, restarts by
+:mod:`~tmpi_adapters.launch.restarts`.
 """
 import argparse
 import dataclasses
@@ -42,10 +48,13 @@ class Settings:
     #: Off unless asked: the script's own safety nets (Keras's TerminateOnNaN)
     #: act as they do without tmpi.
     nonfinite: str = "off"
+    max_restarts: int = 0
+    min_ranks: int = None  #: None: every restart runs on the job's ranks
 
     @classmethod
-    def from_extra(cls, extra):
-        """Read ``options.extra`` (command-line strings or decorator values)."""
+    def from_extra(cls, extra, ranks=None):
+        """Read ``options.extra`` (command-line strings or decorator values);
+        ``ranks``, when known, is what ``--min-ranks`` is checked against."""
         extra = extra or {}
         settings = cls(
             checkpoint_dir=_absolute(extra.get("checkpoint_dir")),
@@ -58,6 +67,9 @@ class Settings:
             allow_new_arguments=bool(extra.get("allow_new_arguments")),
             on_stall=_choice("--on-stall", extra.get("on_stall") or "report", ON_STALL),
             nonfinite=_choice("--nonfinite", extra.get("nonfinite") or "off", NONFINITE),
+            max_restarts=_whole("--max-restarts", extra.get("max_restarts") or 0, 0),
+            min_ranks=(_whole("--min-ranks", extra["min_ranks"], 1)
+                       if extra.get("min_ranks") is not None else None),
         )
         if settings.resume in ("latest", "auto") and not settings.checkpoint_dir:
             raise ConfigError("--resume %s needs --checkpoint-dir: the directory to find "
@@ -67,7 +79,23 @@ class Settings:
             if extra.get(key) and not settings.checkpoint_dir:
                 raise ConfigError("%s needs --checkpoint-dir: the directory to write the "
                                   "checkpoints to." % flag)
+        settings._check_restarts(ranks)
         return settings
+
+    def _check_restarts(self, ranks):
+        if self.max_restarts and not self.checkpoint_dir:
+            raise ConfigError(
+                "--max-restarts needs --checkpoint-dir: a restart continues the job from its "
+                "newest checkpoint there. Add --checkpoint-dir DIR (checkpoints are written "
+                "every epoch by default; --checkpoint-every sets how often).")
+        if self.min_ranks is not None and not self.max_restarts:
+            raise ConfigError("--min-ranks needs --max-restarts K: it says on how few ranks "
+                              "a restart may continue when a rank cannot come back.")
+        if self.min_ranks is not None and ranks is not None and self.min_ranks > ranks:
+            raise ConfigError(
+                "--min-ranks %d is more than the %d rank(s) the job starts with (-n %d): a "
+                "restart can only continue on fewer ranks than it had. Pass --min-ranks "
+                "between 1 and %d." % (self.min_ranks, ranks, ranks, ranks))
 
     @property
     def checkpointing(self):
@@ -88,12 +116,16 @@ def _choice(flag, value, choices):
 
 
 def _positive_int(flag, value):
+    return _whole(flag, value, 1)
+
+
+def _whole(flag, value, least):
     try:
         number = int(value)
     except (TypeError, ValueError):
         number = None
-    if number is None or number < 1 or str(value).strip() != str(number):
-        raise ConfigError("%s must be a whole number >= 1, not %r" % (flag, value))
+    if number is None or number < least or str(value).strip() != str(number):
+        raise ConfigError("%s must be a whole number >= %d, not %r" % (flag, least, value))
     return number
 
 
@@ -134,6 +166,16 @@ def tmpi_add_arguments(parser):
                        help="resume although the script's arguments differ from those of "
                             "the run that wrote the checkpoint (e.g. more --epochs); by "
                             "default that is refused")
+    group.add_argument("--max-restarts", metavar="K",
+                       type=_argparse_type(lambda v: _whole("--max-restarts", v, 0)),
+                       help="when a rank fails (killed, crashed, gone), start the job again "
+                            "from its newest checkpoint in --checkpoint-dir, at most K times "
+                            "(default 0); the result is the uninterrupted run's")
+    group.add_argument("--min-ranks", metavar="M",
+                       type=_argparse_type(lambda v: _whole("--min-ranks", v, 1)),
+                       help="with --max-restarts: when a restarted job fails again at once "
+                            "(a rank cannot come back), continue on one rank fewer, down to "
+                            "M ranks (exact under BSP)")
     group.add_argument("--on-stall", choices=ON_STALL,
                        help="when ranks wait longer than --stall-timeout on others: report "
                             "the missing ranks and keep waiting (default), or abort the job")
@@ -146,7 +188,11 @@ def tmpi_add_arguments(parser):
 
 @hookimpl
 def tmpi_check_options(options, ranks):
-    Settings.from_extra(options.extra)
+    Settings.from_extra(options.extra, ranks)
+    if options.extra.get("max_restarts") and options.scaling == "weak":
+        raise ConfigError("--max-restarts needs --scaling strong: a restart resumes from a "
+                          "checkpoint, and a weak-scaling run cannot be resumed (its global "
+                          "batch depends on the rank count).")
 
 
 class Reliability:
@@ -231,8 +277,9 @@ class Reliability:
 def _leaving(error):
     """``(status, where)`` when the script ended this rank with a non-zero
     ``sys.exit`` (the others may still be training), else ``None``."""
-    if not isinstance(error, SystemExit):
-        return None
+    from tmpi_adapters.reliability.preemption import Preempted
+    if not isinstance(error, SystemExit) or isinstance(error, Preempted):
+        return None  # a preempted rank 0 ends the job itself
     from tmpi_adapters.launch.target import exit_status
     from tmpi_adapters.reliability.watchdog import where_in_script
     status = exit_status(error.code)

@@ -28,6 +28,7 @@ import time
 from tmpi_adapters.errors import StallError
 from tmpi_adapters.exchangers.waiting import current_wait, oversubscribed, wait_for
 from tmpi_adapters.pluginmanager import hookimpl
+from tmpi_adapters.reliability import preemption
 
 #: The tag of heartbeat messages on the watchdog's own communicator.
 HEARTBEAT_TAG = 7301
@@ -318,6 +319,8 @@ class Watchdog:
             "where": where_in_script(top) if top is not None else None,
             # Seconds the main thread has been waiting for other ranks.
             "waiting": None if wait is None else time.perf_counter() - wait.start,
+            # A signal asked for a checkpoint and a stop: rank 0 acts on it.
+            "stop": preemption.requested,
         }
         if self.leaving is not None:
             status["code"], status["where"] = self.leaving
@@ -369,6 +372,8 @@ class Watchdog:
             except Exception:  # noqa: B902 - a garbled heartbeat is only skipped
                 continue
             self.statuses[received["rank"]] = received
+            if received.get("stop") and self.rank == 0:
+                preemption.request(received["stop"])
 
     def _maybe_report(self, mine):
         now = time.time()

@@ -21,6 +21,9 @@ atomically; this run keeps its newest ``--checkpoint-keep``.
 
 With ``--resume`` the same object replays the script's first calls and then
 loads the saved state (:mod:`~tmpi_adapters.reliability.checkpoint.replay`).
+
+A SIGTERM or SIGUSR1 (:mod:`~tmpi_adapters.reliability.preemption`) makes
+rank 0 write a checkpoint at the start of its next call and stop the run.
 """
 import os
 import sys
@@ -29,7 +32,10 @@ import time
 
 from tmpi_adapters.errors import CheckpointError
 from tmpi_adapters.files import write_atomic
+from tmpi_adapters.launch.jobdir import Progress, job_dir, mark
+from tmpi_adapters.launch.output import report
 from tmpi_adapters.pluginmanager import hookimpl
+from tmpi_adapters.reliability import preemption
 from tmpi_adapters.reliability.checkpoint.calllog import CallLog, fingerprint
 from tmpi_adapters.reliability.checkpoint.fileformat import NAME, encode, remove_stale_partials
 from tmpi_adapters.reliability.checkpoint.policy import Policy
@@ -78,6 +84,9 @@ class Checkpointer:
         self.written = []
         self.last_written = None
         self.resumed_from = None
+        #: Rank 0's training step for ``tmpi wrap`` (restarts count from it).
+        self.progress = None
+        self.stopped = None  # the report of a preemption, once written
         self._answer = None
 
     # -- lifecycle -----------------------------------------------------------------
@@ -99,6 +108,8 @@ class Checkpointer:
                                       "directory this user may write to."
                                       % (self.directory, exc.strerror or exc))
             remove_stale_partials(self.directory)
+            if job_dir():
+                self.progress = Progress(job_dir())
         self.generators.install()
         if self.settings.resume:
             self._begin_resume()
@@ -132,6 +143,8 @@ class Checkpointer:
         comes from :meth:`replayed_call`)."""
         if session is not self.session:
             return (yield)
+        if preemption.requested is not None and self.writer:
+            self.preempt(call.kind)
         policy, replay = self.policy, self.replay
         if replay is not None:
             if policy.calls < replay.calls:
@@ -165,6 +178,8 @@ class Checkpointer:
         if self.log is not None:
             self.log.append(call.function.key, print_, value)
         policy.after_call(call.kind)
+        if self.progress is not None:
+            self.progress.write(policy.train_calls)
         return value
 
     @hookimpl(specname="tmpi_call", tryfirst=True)
@@ -220,7 +235,8 @@ class Checkpointer:
         return os.path.join(self.directory, NAME % self.policy.train_calls)
 
     def write(self, reason):
-        """Write a checkpoint now (rank 0); ``reason`` is ``"every"`` or ``"end"``."""
+        """Write a checkpoint now (rank 0); ``reason`` is ``"every"``,
+        ``"preempted"`` or ``"end"``."""
         state = self.capture(finished=reason == "end")
         header = {key: state[key] for key in ("tmpi", "created", "script", "ranks", "rule")}
         header.update(state["point"])
@@ -237,6 +253,27 @@ class Checkpointer:
         self.policy.written()
         self._prune()
         return path
+
+    def preempt(self, kind):
+        """Rank 0, at the start of a call once a signal asked for a stop:
+        write a checkpoint of the run as it is (none while a replay retraces
+        the checkpoint it resumed from: that one stays the newest), say so,
+        and raise :class:`~tmpi_adapters.reliability.preemption.Preempted`."""
+        if self.stopped is None:
+            if self.replay is None:
+                self.policy.before_call(kind)
+                saved = "wrote %s at step %d" % (self.write("preempted"),
+                                                  self.policy.train_calls)
+            else:
+                saved = ("it was still replaying the calls before %s, which stays the "
+                         "newest checkpoint" % self.replay.path)
+            self.stopped = (
+                "tmpi: preempted: %s; the job ends with status %d. Run the same command "
+                "with --resume auto to continue exactly where it stopped."
+                % (saved, preemption.PREEMPTED))
+            mark(self.session.rank, "preempted", self.stopped)
+            report(self.stopped)
+        raise preemption.Preempted(self.stopped)
 
     def _prune(self):
         """Keep the newest ``--checkpoint-keep`` files this run wrote."""

@@ -135,3 +135,17 @@ def list_checkpoints(directory):
             written = 0
         return (int(PATTERN.match(name).group(1)), written, name)
     return [os.path.join(directory, n) for n in sorted(names, key=order)]
+
+
+def newest_that_verifies(directory):
+    """``(path, data, header, skipped)`` of the newest checkpoint in
+    ``directory`` whose bytes verify (``None`` for each when there is none);
+    ``skipped`` holds ``(path, reason)`` of each newer one that did not."""
+    skipped = []
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            data = read_bytes(path)
+            return path, data, verify(data, path), skipped
+        except CorruptCheckpointError as error:
+            skipped.append((path, error.reason))
+    return None, None, None, skipped

@@ -33,9 +33,8 @@ import time
 from tmpi_adapters.core.protocol import comparable
 from tmpi_adapters.errors import CheckpointError, ConfigError
 from tmpi_adapters.reliability.checkpoint.calllog import CallLog, fingerprint
-from tmpi_adapters.reliability.checkpoint.fileformat import (CorruptCheckpointError, decode,
-                                                             list_checkpoints, read_bytes,
-                                                             verify)
+from tmpi_adapters.reliability.checkpoint.fileformat import (decode, newest_that_verifies,
+                                                             read_bytes, verify)
 
 
 class FinishedRunError(CheckpointError):
@@ -225,15 +224,10 @@ def _newest_that_verifies(settings):
     """``(path, data, skipped)``: the newest checkpoint in ``--checkpoint-dir``
     whose bytes verify, and a note on each newer one that did not."""
     wanted, directory = settings.resume, settings.checkpoint_dir
-    skipped = []
-    for path in reversed(list_checkpoints(directory)):
-        try:
-            data = read_bytes(path)
-            verify(data, path)
-            return path, data, ["%s: it %s; resuming from an older one." % skip
-                                for skip in skipped]
-        except CorruptCheckpointError as error:
-            skipped.append((path, error.reason))
+    path, data, _, skipped = newest_that_verifies(directory)
+    if path is not None:
+        return path, data, ["%s: it %s; resuming from an older one." % skip
+                            for skip in skipped]
     if skipped:
         raise CheckpointError(
             "--resume %s: no checkpoint in %s verifies: %s. Start without --resume to "

@@ -1,0 +1,128 @@
+"""Restarting a job whose rank failed: ``--max-restarts K``, ``--min-ranks M``.
+
+When a rank of the job is killed, crashes or vanishes (what
+:attr:`~tmpi_adapters.launch.watch.JobWatch.failure` names), the launcher
+starts the job again, at most K times, as a fresh ``mpiexec`` job (no MPI
+communicator outlives a failure), resumed from the newest checkpoint that
+verifies in ``--checkpoint-dir``: the replay of an exact resume, so the
+result is the uninterrupted run's.  What the script chose (``sys.exit``),
+tmpi's own errors (bad input, a mismatch, non-finite values, a stall, a bad
+checkpoint), Ctrl-C and a preemption end the job as they do without
+restarts.
+
+A restarted job that fails again before it completes a training step past
+its checkpoint *failed at once*: retrying it as it is would only fail again.
+With ``--min-ranks M`` the next attempt runs on one rank fewer, down to M
+(under BSP the global batch is split over whatever ranks there are, so the
+result stays the one-process result); without it the job ends there.
+"""
+import os
+import sys
+
+from tmpi_adapters.reliability.checkpoint.fileformat import (list_checkpoints,
+                                                             newest_that_verifies)
+from tmpi_adapters.reliability.plugin import Settings
+
+
+class Restarts:
+    """The restarts of one ``tmpi wrap`` job.
+
+    Parameters
+    ----------
+    settings : tmpi_adapters.reliability.plugin.Settings
+        ``max_restarts`` (K > 0), ``min_ranks``, ``checkpoint_dir``.
+    """
+
+    def __init__(self, settings):
+        self.most = settings.max_restarts
+        self.fewest = settings.min_ranks
+        self.directory = settings.checkpoint_dir
+        self.resumed = settings.resume is not None
+        # Checkpoints there before the job: a restart resumes only from one
+        # this job wrote (or from the one it was asked to resume).
+        self.before = {path: _mtime(path) for path in list_checkpoints(self.directory)}
+        self.done = 0
+        self.recomputed = 0
+
+    @classmethod
+    def from_options(cls, options, ranks):
+        """The restarts ``options`` ask for, or ``None`` (no ``--max-restarts``)."""
+        settings = Settings.from_extra(options.extra, ranks)
+        return cls(settings) if settings.max_restarts else None
+
+    def run(self, run_job, options, n, stop=None):
+        """Run the job (``run_job(options, n)`` returns its
+        :class:`~tmpi_adapters.launch.watch.JobWatch`) until it ends without a
+        failure a restart may mend, or cannot be restarted; returns its
+        status.  ``stop`` (:class:`~tmpi_adapters.launch.watch.Preemption`):
+        no restart once the launcher was asked to stop."""
+        start = 0  # the step the running attempt resumed from
+        while True:
+            watch = run_job(options, n)
+            if watch.failure is None or (stop is not None and stop.signal):
+                break
+            again = self.done > 0 and watch.progress <= start
+            if again and not (self.fewest and n - 1 >= self.fewest):
+                self._say("not restarting: %s again before the restarted job completed a "
+                          "step past its checkpoint (step %d): a restart would fail the same "
+                          "way. Fix the cause, then continue with --resume auto%s."
+                          % (watch.failure, start, "" if self.fewest else
+                             " (--min-ranks M lets a restart continue on fewer ranks when "
+                             "one cannot come back)"))
+                break
+            if self.done == self.most:
+                self._say("not restarting: %s, and the job has had its %d restart(s) "
+                          "(--max-restarts). Fix the cause, then continue with --resume "
+                          "auto." % (watch.failure, self.most))
+                break
+            path, step = self._checkpoint()
+            if path is None:
+                step = 0  # from the beginning, or from what the job first resumed
+            else:
+                options = options.replace(extra=dict(options.extra, resume=path))
+            self.done += 1
+            self.recomputed += max(0, watch.progress - step)
+            if again:
+                n -= 1
+            self._say("restart %d of %d (%s %s): continuing from %s on %d rank(s)%s."
+                      % (self.done, self.most, watch.failure, _when(watch.progress, start),
+                         "%s (step %d)" % (path, step) if path else
+                         "where the job began (it had written no checkpoint)", n,
+                         ", one fewer: it failed again at once (--min-ranks %d)"
+                         % self.fewest if again else ""))
+            start = step
+        if self.done:
+            self._say("the job was restarted %d time(s); %d step(s) were computed again "
+                      "(done after the checkpoint a restart resumed from, before its "
+                      "failure)." % (self.done, self.recomputed))
+        return watch.status
+
+    def _checkpoint(self):
+        """``(path, step)`` of the checkpoint the next attempt resumes from:
+        the newest that verifies and that this job wrote (any, when it was
+        started with ``--resume``), or ``(None, None)``."""
+        path, _, header, skipped = newest_that_verifies(self.directory)
+        for corrupt, reason in skipped:
+            self._say("warning: %s %s; passed over." % (corrupt, reason))
+        ours = path is not None and (self.resumed or self.before.get(path) != _mtime(path))
+        return (path, int(header.get("train_calls", 0))) if ours else (None, None)
+
+    @staticmethod
+    def _say(text):
+        sys.stdout.flush()
+        sys.stderr.write("tmpi: %s\n" % text)
+        sys.stderr.flush()
+
+
+def _when(progress, start):
+    """When a job that resumed from step ``start`` failed, having reached ``progress``."""
+    if progress > start:
+        return "at step %d" % progress
+    return "before it completed a step" + (" past step %d" % start if start else "")
+
+
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None

@@ -9,11 +9,13 @@ The public API is small::
 
     tmpi.wrap("train.py", ["--epochs", "3"], n=2)   # what `tmpi wrap` does
 
-and, for plugin authors: :class:`Rule` and :class:`Knob` (a synchronisation
-rule and its options), :class:`Exchanger`, :class:`ModelProtocol`,
-:data:`hookimpl` (the hooks are documented in :mod:`tmpi_adapters.hookspecs`),
-the errors (:class:`TmpiError` and its kinds), and :mod:`tmpi_adapters.testing`
-to test a rule on real ranks.  Everything else may change between versions.
+and the errors (:class:`TmpiError` and its kinds).  Plugin authors find what
+they use in :mod:`tmpi_adapters.plugin` (rules, knobs, exchangers, framework
+adapters, :data:`hookimpl`; the hooks are documented in
+:mod:`tmpi_adapters.hookspecs`) and :mod:`tmpi_adapters.testing` (testing a
+rule on real ranks); :class:`Rule`, :class:`Knob`, :class:`Exchanger`,
+:class:`ModelProtocol` and :data:`hookimpl` are here too.  Everything else
+may change between versions.
 
 Importing this package changes nothing in the interpreter: the compatibility
 shims that Theano, Keras, Lasagne and Blocks need on today's Python are

@@ -57,9 +57,13 @@ def tmpi_frameworks():
     Returns
     -------
     dict
-        ``{name: AdapterClass}``; each class subclasses
-        :class:`tmpi_adapters.frameworks.base.FrameworkAdapter`.  ``name`` is
-        what users pass to ``--framework``.
+        ``{name: AdapterClass}``; ``name`` is what users pass to
+        ``--framework``.  Each class subclasses
+        :class:`tmpi_adapters.plugin.FrameworkAdapter` (what the core asks of
+        an adapter: ``install``, ``uninstall``, ``batch_mode``,
+        ``make_model``, ``check_finished``), in practice through
+        :class:`tmpi_adapters.plugin.TheanoAdapter` for a framework built on
+        Theano, which finds training functions in ``theano.function`` calls.
     """
 
 

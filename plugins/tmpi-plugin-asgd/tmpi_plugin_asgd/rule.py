@@ -28,10 +28,7 @@ one is unanswered is made as soon as the answer is in.  Every step of every
 rank reaches the center exactly once, including the last ones, which
 :meth:`Downpour.finish` pushes.  Rank 0 trains too and exchanges locally.
 """
-from tmpi_adapters import Knob, Rule
-from tmpi_adapters.options import positive
-from tmpi_adapters.rules.asynchronous import HolderExchange
-from tmpi_adapters.rules.base import copies
+from tmpi_adapters.plugin import HolderExchange, Knob, Rule, copies, positive
 
 
 class Downpour(HolderExchange):

@@ -32,11 +32,8 @@ default ``alpha = 0.9 / size``.
 Training ends with the center variable on every rank: it is the model
 EASGD trains.
 """
-from tmpi_adapters import ConfigError, Knob, Rule
-from tmpi_adapters.options import one_of, positive
-from tmpi_adapters.rules import PerModel
-from tmpi_adapters.rules.asynchronous import HolderExchange
-from tmpi_adapters.rules.base import copies
+from tmpi_adapters.plugin import (ConfigError, HolderExchange, Knob, PerModel, Rule, copies,
+                                  one_of, positive)
 
 
 def elastic_force(value):

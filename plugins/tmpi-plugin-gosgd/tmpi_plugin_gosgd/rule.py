@@ -25,10 +25,7 @@ one tag of the one communicator), which it handles after every step: the
 """
 import numpy as np
 
-from tmpi_adapters import Knob, Rule
-from tmpi_adapters.options import parse_bool, probability
-from tmpi_adapters.rules import PerModel
-from tmpi_adapters.rules.asynchronous import Mailbox
+from tmpi_adapters.plugin import Knob, Mailbox, PerModel, Rule, parse_bool, probability
 
 #: What a message is, carried in its first element.
 GOSSIP, DONE = 1.0, 2.0

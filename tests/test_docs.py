@@ -20,7 +20,8 @@ TMPI_ONLY = {"--framework", "--rule", "--rule-option", "--scaling", "--lr-scalin
              "--on-stall", "--all-ranks-output", "--compile-dirs", "--threads-per-rank",
              "--oversubscribe", "--mpiexec", "--mpiexec-arg", "--checkpoint-dir",
              "--checkpoint-every", "--checkpoint-keep", "--resume", "--allow-new-arguments",
-             "--nonfinite", "--record", "--progress", "--no-summary"}
+             "--nonfinite", "--max-restarts", "--min-ranks", "--record", "--progress",
+             "--no-summary"}
 
 
 def wrap_commands():

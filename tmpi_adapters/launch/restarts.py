@@ -75,7 +75,12 @@ class Restarts:
                           "(--max-restarts). Fix the cause, then continue with --resume "
                           "auto." % (watch.failure, self.most))
                 break
-            path, step = self._checkpoint()
+            path, step, finished = self._checkpoint()
+            if finished:
+                self._say("not restarting: %s after the run had finished (%s was written "
+                          "when its script ended): there is nothing left to run."
+                          % (watch.failure, path))
+                break
             if path is None:
                 step = 0  # from the beginning, or from what the job first resumed
             else:
@@ -98,14 +103,15 @@ class Restarts:
         return watch.status
 
     def _checkpoint(self):
-        """``(path, step)`` of the checkpoint the next attempt resumes from:
-        the newest that verifies and that this job wrote (any, when it was
-        started with ``--resume``), or ``(None, None)``."""
+        """``(path, step, finished)`` of the checkpoint the next attempt
+        resumes from: the newest that verifies and that this job wrote (any,
+        when it was started with ``--resume``), or ``(None, None, False)``."""
         path, _, header, skipped = newest_that_verifies(self.directory)
         for corrupt, reason in skipped:
             self._say("warning: %s %s; passed over." % (corrupt, reason))
-        ours = path is not None and (self.resumed or self.before.get(path) != _mtime(path))
-        return (path, int(header.get("train_calls", 0))) if ours else (None, None)
+        if path is None or not self.resumed and self.before.get(path) == _mtime(path):
+            return None, None, False
+        return path, int(header.get("train_calls", 0)), bool(header.get("finished"))
 
     @staticmethod
     def _say(text):

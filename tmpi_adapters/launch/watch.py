@@ -601,9 +601,9 @@ class JobWatch:
         if report is None and not (asked and code != 0):
             return None
         if report is None:
-            report = (b"tmpi: the job stopped on %s before rank 0 wrote a checkpoint (it "
-                      b"was starting, or between calls of compiled functions); --resume "
-                      b"auto continues from the newest checkpoint, if any."
+            report = (b"tmpi: the job ended on %s before rank 0 wrote a checkpoint (its "
+                      b"ranks were still starting, or one failed first: see above); "
+                      b"--resume auto continues from the newest checkpoint, if any."
                       % asked.encode())
         if report not in self.reports_seen:
             sys.stdout.flush()

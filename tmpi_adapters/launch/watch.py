@@ -461,7 +461,8 @@ class JobWatch:
                 return
 
     def _finished(self, rank):
-        return any(has_mark(self.directory, rank, kind) for kind in ("done", "exit", "failed"))
+        return any(has_mark(self.directory, rank, kind)
+                   for kind in ("done", "exit", "failed", "preempted"))
 
     def exit_statuses(self, ranks):
         """``{rank: status}`` of the ranks whose script ended with ``sys.exit(status)``."""

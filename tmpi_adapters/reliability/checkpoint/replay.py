@@ -217,7 +217,7 @@ class Replay:
             note = " (%s ran again: outputs not recorded)" % ", ".join(sorted(self.recomputed))
         session.print("tmpi: resumed at step %d after replaying %d calls in %.1f s%s."
                       % (state["point"]["train_calls"], self.calls,
-                         time.monotonic() - (self.started or time.monotonic()), note))
+                         time.monotonic() - self.started if self.started else 0.0, note))
 
 
 def _newest_that_verifies(settings):

@@ -37,9 +37,10 @@ class Restarts:
         self.most = settings.max_restarts
         self.fewest = settings.min_ranks
         self.directory = settings.checkpoint_dir
-        self.resumed = settings.resume is not None
-        # Checkpoints there before the job: a restart resumes only from one
-        # this job wrote (or from the one it was asked to resume).
+        #: Started with --resume latest or auto: any checkpoint there is this run's.
+        self.resumed = settings.resume in ("latest", "auto")
+        # Checkpoints there before the job: otherwise a restart resumes only
+        # from one this job wrote (or as the job began, --resume FILE included).
         self.before = {path: _mtime(path) for path in list_checkpoints(self.directory)}
         self.done = 0
         self.recomputed = 0
@@ -105,7 +106,8 @@ class Restarts:
     def _checkpoint(self):
         """``(path, step, finished)`` of the checkpoint the next attempt
         resumes from: the newest that verifies and that this job wrote (any,
-        when it was started with ``--resume``), or ``(None, None, False)``."""
+        when it was started with ``--resume latest`` or ``auto``), or
+        ``(None, None, False)``."""
         path, _, header, skipped = newest_that_verifies(self.directory)
         for corrupt, reason in skipped:
             self._say("warning: %s %s; passed over." % (corrupt, reason))

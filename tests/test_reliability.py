@@ -148,6 +148,19 @@ def test_exception_in_a_rank_ends_the_job_with_the_error():
 
 
 @pytest.mark.mpi
+def test_an_error_in_a_training_call_shows_the_users_line_and_says_whose_share_it_ran():
+    job = Job("wrap", "-n", "2", CRASH, "shape", "3")
+    code, _, stderr = job.finish(timeout=START_TIMEOUT)
+    assert code == 1, stderr
+    assert "tmpi: rank 0 of 2 failed: ValueError: " in stderr, stderr
+    # The shapes in Theano's message are rank 0's rows of the script's batch.
+    assert "(rank 0 of 2 ran rows 0-1 of the call's 4: shapes above are that share's)" \
+        in stderr, stderr
+    assert 'reliability_crash.py", line' in stderr and "frame(s) inside libraries" in stderr
+    assert "tmpi_adapters" not in own_lines(stderr), stderr  # tmpi's frames folded
+
+
+@pytest.mark.mpi
 def test_rank_leaving_without_finalize_is_not_a_success():
     # mpiexec ends such a job at once, with the vanished rank's status: 0.
     job = Job("wrap", "-n", "2", CRASH, "exit", "300")

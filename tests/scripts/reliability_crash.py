@@ -4,6 +4,7 @@
 ``reliability_crash.py exit STEP``    rank 1 leaves with os._exit(0), skipping MPI's finalize
 ``reliability_crash.py sysexit STEP`` rank 1 ends its script with sys.exit(3)
 ``reliability_crash.py abort STEP``   rank 1 calls abort() (SIGABRT)
+``reliability_crash.py shape STEP``   every rank passes a batch of the wrong width
 """
 import os
 import sys
@@ -22,6 +23,8 @@ train = theano.function([x], loss, updates=[(W, W - 0.1 * T.grad(loss, W))], nam
 
 
 def load_batch(step):
+    if mode == "shape" and step == fail_at:
+        return np.ones((4, 4))
     if rank == 1 and step == fail_at:
         if mode == "raise":
             raise ValueError("batch %d of rank 1 is unreadable" % step)

@@ -183,6 +183,9 @@ class DistributedFunction:
                 explained = explain(self.fn, rows, session.size, self.model.name, error)
                 if explained is not None:
                     raise explained from error
+            # Shapes in the error are this rank's share, not the script's batch.
+            error.add_note("(rank %d of %d ran rows %d-%d of the call's %d: shapes above are "
+                           "that share's)" % (session.rank, session.size, lo, hi - 1, rows))
             raise
 
     def step_local(self, *args, **kwargs):

@@ -54,8 +54,10 @@ def user_traceback(error):
         hidden = []
         lines.extend(traceback.format_list([frame]))
     if hidden and len(lines) > 1:
+        named = [f.filename for f in hidden if not f.filename.startswith("<")] or \
+            [hidden[-1].filename]  # numpy's "<__array_function__ internals>" names no library
         lines.append("  ... %d frame(s) inside libraries, from %s\n"
-                     % (len(hidden), _library_name(hidden[-1].filename)))
+                     % (len(hidden), _library_name(named[-1])))
     if len(lines) == 1:
         return ""
     return "".join(lines)
@@ -93,8 +95,9 @@ def describe_failure(error, rank, size):
                 "relative to the working directory %s." % (
                     user_traceback(error), rank, size, error.filename,
                     error.strerror or error, os.getcwd()))
-    return "%stmpi: rank %d of %d failed: %s: %s" % (
-        user_traceback(error), rank, size, type(error).__name__, _first_line(error))
+    notes = "".join(" " + note for note in getattr(error, "__notes__", ()))
+    return "%stmpi: rank %d of %d failed: %s: %s%s" % (
+        user_traceback(error), rank, size, type(error).__name__, _first_line(error), notes)
 
 
 def fail(error, rank, size):

@@ -6,12 +6,19 @@ help, choices and check: ``tmpi wrap --help`` is built from these fields, and
 :meth:`Options.validate` checks a decorator's keyword arguments against the
 same declarations.
 """
+from __future__ import annotations
+
 import dataclasses
 import math
 import json
 import os
+from typing import TYPE_CHECKING, Any
 
 from tmpi_adapters.errors import ConfigError
+
+if TYPE_CHECKING:
+    from argparse import _ActionsContainer  # an ArgumentParser or an argument group
+    from collections.abc import Callable, Iterable, Mapping
 
 OPTIONS_ENV = "TMPI_OPTIONS"
 
@@ -25,7 +32,7 @@ LOSS_REDUCTIONS = ("mean", "sum")
 PRECISIONS = ("native", "fp32", "fp16", "bf16")
 
 
-def check_precision(precision):
+def check_precision(precision: str | None) -> str:
     """``precision`` as one of :data:`PRECISIONS` (``None``: native)."""
     precision = "native" if precision in (None, "") else str(precision).lower()
     if precision not in PRECISIONS:
@@ -34,13 +41,14 @@ def check_precision(precision):
     return precision
 
 
-def check_timeout(seconds, what="--stall-timeout", allow_none=True):
+def check_timeout(seconds: float | str | None, what: str = "--stall-timeout",
+                  allow_none: bool = True) -> float | None:
     """``seconds`` as a positive finite float (``None`` passes when allowed);
     :class:`~tmpi_adapters.errors.ConfigError` otherwise."""
     if seconds is None and allow_none:
         return None
     try:
-        value = float(seconds)
+        value = float(seconds) if seconds is not None else math.nan
     except (TypeError, ValueError):
         value = float("nan")
     if not (math.isfinite(value) and value > 0):
@@ -49,50 +57,55 @@ def check_timeout(seconds, what="--stall-timeout", allow_none=True):
     return value
 
 
-def _positive_or_none(flag):
-    def check(value):
+def _positive_or_none(flag: str) -> Callable[[int | None], int | None]:
+    def check(value: int | None) -> int | None:
         if value is not None and value <= 0:
             raise ConfigError("%s must be positive, not %r" % (flag, value))
         return value
     return check
 
 
-def _non_negative(flag):
-    def check(value):
+def _non_negative(flag: str) -> Callable[[int], int]:
+    def check(value: int) -> int:
         if value < 0:
             raise ConfigError("%s must be >= 0, not %r" % (flag, value))
         return value
     return check
 
 
-def _stall_timeout(value):
+def _stall_timeout(value: float | str) -> float | None:
     return check_timeout(value, "--stall-timeout", allow_none=False)
 
 
-def _bytes_or_none(text):
+def _bytes_or_none(text: str) -> int | None:
     return None if text in (None, "", "none") else int(text)
 
 
-def option(default, help, choices=None, type=None, check=None, flag=None, metavar=None,
-           negate=None):
+def option(default: object, help: str, choices: tuple[str, ...] | None = None,
+           type: Callable[[str], object] | None = None,
+           check: Callable[[Any], object] | None = None, flag: str | None = None,
+           metavar: str | None = None, negate: str | None = None) -> Any:
     """A field of :class:`Options` and the ``tmpi wrap`` option that sets it.
 
     Parameters
     ----------
-    default : object
+    default
         What users get without the option.
-    help : str
+    help
         One line for ``--help``.
-    choices : tuple, optional
+    choices
         The values allowed (checked by :meth:`Options.validate` too).
-    type : callable, optional
+    type
         Converts the command line's text.
-    check : callable, optional
+    check
         ``check(value) -> value``, raising :class:`ConfigError` for a bad one.
-    flag : str, optional
+    flag
         The flag, when it is not the field's name spelt with dashes.
-    negate : str, optional
+    negate
         For a boolean that defaults to True: the flag that turns it off.
+
+    Typed ``Any``, as :func:`dataclasses.field` is: the field keeps the type
+    it is declared with.
     """
     return dataclasses.field(default=default, metadata={
         "help": help, "choices": choices, "type": type, "check": check, "flag": flag,
@@ -107,15 +120,15 @@ class Options:
     (the field's name with ``-`` for ``_``, unless said otherwise).
     """
 
-    framework: str = option(None, "theano, keras, lasagne, blocks, theanompi (default: "
-                                  "detected from the script's imports)")
+    framework: str | None = option(None, "theano, keras, lasagne, blocks, theanompi "
+                                         "(default: detected from the script's imports)")
     rule: str = option("bsp", "synchronisation rule (default bsp)")
-    exchanger: str = option(None, "mpi (default), or another installed exchanger")
-    precision: str = option(None, "transfer precision of exchanged buffers (default native)",
-                            choices=PRECISIONS, check=check_precision)
-    bucket_bytes: int = option(None, "largest fused buffer per collective (default: one per "
-                                     "dtype)", type=_bytes_or_none,
-                               check=_positive_or_none("--bucket-bytes"))
+    exchanger: str | None = option(None, "mpi (default), or another installed exchanger")
+    precision: str | None = option(None, "transfer precision of exchanged buffers (default "
+                                         "native)", choices=PRECISIONS, check=check_precision)
+    bucket_bytes: int | None = option(None, "largest fused buffer per collective (default: "
+                                            "one per dtype)", type=_bytes_or_none,
+                                      check=_positive_or_none("--bucket-bytes"))
     overlap: bool = option(False, "exchange gradients in parts of --bucket-bytes (default "
                                   "4 MiB), each started as soon as backpropagation has "
                                   "computed it, overlapping the rest of the step (for "
@@ -132,7 +145,7 @@ class Options:
                                       "averaged over ranks after every step (default), or "
                                       "each rank's own, so that asynchronous rules' ranks "
                                       "never meet per step", choices=OUTPUTS)
-    seed: int = option(None, "seed numpy and random alike on every rank", type=int)
+    seed: int | None = option(None, "seed numpy and random alike on every rank", type=int)
     stall_timeout: float = option(300.0, "seconds a rank may wait on the others before a "
                                          "stall is reported (default 300)", type=float,
                                   check=_stall_timeout)
@@ -147,14 +160,14 @@ class Options:
     summary: bool = option(True, "print the per-step time split at the end",
                            negate="--no-summary")
     #: raw ``name=value`` knobs of the rule (``--rule-option``)
-    rule_options: dict = dataclasses.field(default_factory=dict)
+    rule_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: options plugins added with ``tmpi_add_arguments``, by ``dest``
-    extra: dict = dataclasses.field(default_factory=dict)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the fields and plugin options the command line named (they win over a
     #: decorator's; the others are defaults)
-    explicit: list = dataclasses.field(default_factory=list)
+    explicit: list[str] = dataclasses.field(default_factory=list)
 
-    def validate(self):
+    def validate(self) -> Options:
         """Check every field against its declaration; returns ``self``."""
         for field in declared_fields():
             meta, value = field.metadata, getattr(self, field.name)
@@ -166,32 +179,32 @@ class Options:
                 setattr(self, field.name, meta["check"](value))
         return self
 
-    def to_env(self):
+    def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
-    def from_env(cls, env=None):
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
         env = os.environ if env is None else env
         raw = env.get(OPTIONS_ENV)
         if not raw:
             return cls()
         return cls(**json.loads(raw))
 
-    def replace(self, **changes):
+    def replace(self, **changes: Any) -> Options:
         return dataclasses.replace(self, **changes)
 
 
-def declared_fields():
+def declared_fields() -> list[dataclasses.Field[Any]]:
     """The fields of :class:`Options` that have a command-line flag."""
     return [f for f in dataclasses.fields(Options) if "help" in f.metadata]
 
 
-def flag_of(field):
+def flag_of(field: dataclasses.Field[Any]) -> str:
     """The command-line flag of a declared field."""
     return field.metadata["flag"] or "--" + field.name.replace("_", "-")
 
 
-def add_option_arguments(group):
+def add_option_arguments(group: _ActionsContainer) -> None:
     """Add a flag for every declared field of :class:`Options` to ``group``
     (an ``argparse`` parser or argument group); defaults are the fields'."""
     for field in declared_fields():
@@ -216,47 +229,47 @@ class Knob:
 
     Parameters
     ----------
-    type : callable
+    type
         Converts the user's text (``"0.5"``) to a value.
-    default : object
+    default
         Used when the user gives none; may be a callable ``default(size)`` of
         the rank count (EASGD's alpha = 0.9 / N).
-    help : str
+    help
         One line, shown by ``tmpi plugins`` and in errors.
-    check : callable, optional
-        ``check(value) -> str or None``: an error text for a bad value.
-    only_with : tuple, optional
+    check
+        ``check(value)``: an error text for a bad value, ``None`` for a good one.
+    only_with
         ``(knob, value)``: this knob does something only when that other knob
         has that value (BSP's ``period`` with ``mode=avg``); giving it
         otherwise is an error, not silently ignored.
     """
 
-    type: object
+    type: Callable[[Any], object]
     default: object
     help: str
-    check: object = None
-    only_with: tuple = None
+    check: Callable[[Any], str | None] | None = None
+    only_with: tuple[str, object] | None = None
 
 
-def positive(value):
+def positive(value: float) -> str | None:
     return None if value > 0 else "must be > 0"
 
 
-def non_negative(value):
+def non_negative(value: float) -> str | None:
     return None if value >= 0 else "must be >= 0"
 
 
-def probability(value):
+def probability(value: float) -> str | None:
     return None if 0 <= value <= 1 else "must be in [0, 1]"
 
 
-def one_of(*choices):
-    def check(value):
+def one_of(*choices: object) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
         return None if value in choices else "must be one of %s" % ", ".join(map(str, choices))
     return check
 
 
-def parse_bool(text):
+def parse_bool(text: object) -> bool:
     """``True``/``False`` from their spellings (true/false, yes/no, on/off,
     1/0); anything else is a ``ValueError``."""
     if isinstance(text, bool):
@@ -270,7 +283,8 @@ def parse_bool(text):
 
 
 
-def resolve_knobs(rule_name, knobs, raw, size):
+def resolve_knobs(rule_name: str | None, knobs: Mapping[str, Knob],
+                  raw: Mapping[str, object], size: int) -> dict[str, Any]:
     """Typed, checked values for every knob of a rule.
 
     ``raw`` maps names to user text (or already-typed values from Python).
@@ -319,12 +333,12 @@ def resolve_knobs(rule_name, knobs, raw, size):
     return values
 
 
-def knob_default(knob, size):
+def knob_default(knob: Knob, size: int) -> object:
     """A knob's default on ``size`` ranks (it may depend on them: EASGD's alpha)."""
     return knob.default(size) if callable(knob.default) else knob.default
 
 
-def parse_assignments(items):
+def parse_assignments(items: Iterable[str] | None) -> dict[str, str]:
     """``["alpha=0.5", "tau=4"]`` -> ``{"alpha": "0.5", "tau": "4"}``."""
     result = {}
     for item in items or ():

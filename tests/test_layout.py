@@ -25,12 +25,23 @@ def modules():
     return {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
+def for_type_checkers(tree):
+    """The nodes under ``if TYPE_CHECKING:``: names for annotations, never
+    imported at run time (a hook's annotation names the Session that calls it)."""
+    return {id(inner) for node in ast.walk(tree)
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+            for statement in node.body for inner in ast.walk(statement)}
+
+
 def imported(path, name, known):
     """Every tmpi_adapters module ``path`` imports, at any depth of the file."""
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    skipped = for_type_checkers(tree)
     found = set()
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         targets = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]

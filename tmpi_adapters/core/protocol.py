@@ -1,22 +1,36 @@
 """ModelProtocol: the one shape every framework adapter hands to the rules."""
+from __future__ import annotations
+
 import re
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tmpi_adapters.errors import MismatchError
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
 
-def variable_name(variable, index):
+    from tmpi_adapters.exchangers.base import Array
+
+    #: A Theano shared variable (``theano.compile.SharedVariable``): Theano
+    #: ships no types.
+    SharedVariable = Any
+    #: A :meth:`ModelProtocol.signature` row: ``(group, name, shape, dtype)``.
+    SignatureRow = tuple[str, str, tuple[int, ...], str]
+
+
+def variable_name(variable: SharedVariable, index: int) -> str:
     """A readable name for a shared variable (``param3`` when it has none)."""
     return variable.name or "param%d" % index
 
 
-def read_values(variables):
+def read_values(variables: Iterable[SharedVariable]) -> list[Array]:
     """The numpy arrays behind shared variables, not copied (``borrow=True``)."""
     return [v.get_value(borrow=True, return_internal_type=True) for v in variables]
 
 
-def write_values(variables, arrays):
+def write_values(variables: Iterable[SharedVariable], arrays: Iterable[Array]) -> None:
     """Store arrays into shared variables without copying (``borrow=True``)."""
     for v, a in zip(variables, arrays):
         v.set_value(a, borrow=True)
@@ -40,23 +54,23 @@ class ModelProtocol:
     model_state : list of SharedVariable
         Non-trainable state updated from each rank's data (BatchNorm moving
         statistics).  Gradient rules average it across ranks after each step.
-    name : str
+    name
         Names the model's training function in messages, logs and checkpoints.
-    train_fn : callable, optional
+    train_fn
         One training iteration, ``train_fn(*batch) -> outputs`` (a
         :class:`~tmpi_adapters.core.function.DistributedFunction`): the session
         completes what its last calls left open when the script ends.
-    n_batch_train, n_epochs : int, optional
+    n_batch_train, n_epochs
         What the adapter knows of the data loop: training steps per epoch (the
         ``epochs`` unit of ``--checkpoint-every``) and epochs (with the former,
         the length of the ``--progress`` bar).
-    output_names : list of str or None, optional
+    output_names
         A name for each value the training function returns (``None`` where
         unnamed): the columns of ``--record`` and the progress bar.
-    gradient_names : list of str, optional
+    gradient_names
         A name for each exchanged gradient, in exchange order, for messages
         about them (non-finite values); the parameters' names by default.
-    scales_learning_rate : bool
+    scales_learning_rate
         True when the adapter applies ``--lr-scaling`` to the optimizer's
         learning rate itself (Keras, in the graph), so gradients are left alone.
     averaged_state : list of SharedVariable
@@ -72,10 +86,14 @@ class ModelProtocol:
         Set once the identical start has been done.
     """
 
-    def __init__(self, params, optimizer_state=(), model_state=(), name="model",
-                 train_fn=None, n_batch_train=None, n_epochs=None,
-                 output_names=None, gradient_names=None, scales_learning_rate=False,
-                 averaged_state=()):
+    def __init__(self, params: Iterable[SharedVariable],
+                 optimizer_state: Iterable[SharedVariable] = (),
+                 model_state: Iterable[SharedVariable] = (), name: str = "model",
+                 train_fn: Callable[..., Any] | None = None, n_batch_train: int | None = None,
+                 n_epochs: int | None = None,
+                 output_names: Sequence[str | None] | None = None,
+                 gradient_names: Sequence[str] | None = None, scales_learning_rate: bool = False,
+                 averaged_state: Iterable[SharedVariable] = ()) -> None:
         self.params = list(params)
         self.optimizer_state = list(optimizer_state)
         self.model_state = list(model_state)
@@ -91,10 +109,10 @@ class ModelProtocol:
         self.synchronized = False
 
     # -- names and signature -----------------------------------------------
-    def param_names(self):
+    def param_names(self) -> list[str]:
         return [variable_name(v, i) for i, v in enumerate(self.params)]
 
-    def exchanged_names(self, count):
+    def exchanged_names(self, count: int) -> list[str]:
         """Names of ``count`` exchanged gradients: :attr:`gradient_names`, else
         the parameters' names, else their positions."""
         if self.gradient_names and len(self.gradient_names) == count:
@@ -104,13 +122,13 @@ class ModelProtocol:
         return ["gradient #%d" % i for i in range(count)]
 
     @property
-    def state_variables(self):
+    def state_variables(self) -> list[SharedVariable]:
         """Everything a checkpoint or an identical start must carry."""
         return self.params + self.optimizer_state + self.model_state
 
-    def signature(self):
+    def signature(self) -> list[SignatureRow]:
         """``[(group, name, shape, dtype), ...]`` for every state variable, in order."""
-        rows = []
+        rows: list[SignatureRow] = []
         for group, variables in (("param", self.params),
                                  ("optimizer state", self.optimizer_state),
                                  ("model state", self.model_state)):
@@ -121,13 +139,13 @@ class ModelProtocol:
         return rows
 
     # -- values ---------------------------------------------------------------
-    def get_params(self):
+    def get_params(self) -> list[Array]:
         return read_values(self.params)
 
-    def set_params(self, arrays):
+    def set_params(self, arrays: Iterable[Array]) -> None:
         write_values(self.params, arrays)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<ModelProtocol %s: %d params, %d optimizer state, %d model state>" % (
             self.name, len(self.params), len(self.optimizer_state), len(self.model_state))
 
@@ -138,7 +156,7 @@ class ModelProtocol:
 _COUNTER = re.compile(r"_\d+(?=/|$)")
 
 
-def comparable(row):
+def comparable(row: Sequence[Any]) -> SignatureRow:
     """A :meth:`ModelProtocol.signature` row as ranks and checkpoints compare
     it: the name without counters (``loss/gru_2/kernel`` reads
     ``loss/gru/kernel``), the shape, the dtype."""
@@ -146,7 +164,8 @@ def comparable(row):
     return group, _COUNTER.sub("", name), tuple(shape), dtype
 
 
-def check_signatures(signatures, rank_of=None):
+def check_signatures(signatures: Sequence[Sequence[Sequence[Any]]],
+                     rank_of: object = None) -> None:
     """Raise :class:`MismatchError` naming the first difference from rank 0.
 
     ``signatures`` is one :meth:`ModelProtocol.signature` per rank.  Names

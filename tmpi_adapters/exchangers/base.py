@@ -36,14 +36,34 @@ waiting for other ranks to arrive (``wait_s``) apart from the seconds spent
 moving and reducing data, so the recorder can tell stragglers from bandwidth.
 Exchangers that do not fill it report everything as communication.
 """
+from __future__ import annotations
+
 import abc
 import contextlib
 import sys
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
 from tmpi_adapters.exchangers.waiting import oversubscribed, wait_for
 from tmpi_adapters.options import check_precision
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable, Iterator, Sequence
+    from types import FrameType
+
+    from tmpi_adapters.exchangers.envelope import Envelope
+    from tmpi_adapters.exchangers.lockstep import Lockstep
+
+    #: An array an exchanger moves: a ``numpy.ndarray``, or for an exchanger
+    #: whose :attr:`~Exchanger.memory` is ``"device"`` also a device array
+    #: (CuPy's, or anything with ``__cuda_array_interface__``), which no one
+    #: class names.
+    Array = Any
+    #: ``on_stall(what, waited, frame)``: see :class:`Exchanger`.
+    StallHandler = Callable[[str, float, FrameType], bool | None]
+
+_T = TypeVar("_T")
 
 REDUCE_OPS = ("mean", "sum")
 
@@ -58,17 +78,17 @@ class Request(abc.ABC):
     """A pending non-blocking operation."""
 
     @abc.abstractmethod
-    def test(self):
+    def test(self) -> bool:
         """Return True once the operation has completed (never blocks)."""
 
     @abc.abstractmethod
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> Any:
         """Block until done (raising :class:`~tmpi_adapters.errors.StallError`
         after ``timeout`` seconds) and return the operation's result: for a
         receive, ``(source, tag)``."""
 
     @abc.abstractmethod
-    def cancel(self):
+    def cancel(self) -> None:
         """Cancel a receive that has not matched yet."""
 
 
@@ -91,25 +111,30 @@ class ExchangeStats:
     """
 
     __slots__ = ("wait_s", "transfer_s", "wire_bytes", "collectives", "last_total_weight")
+    wait_s: float
+    transfer_s: float
+    wire_bytes: int
+    collectives: int
+    last_total_weight: float | None
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         self.wait_s = 0.0
         self.transfer_s = 0.0
         self.wire_bytes = 0
         self.collectives = 0
         self.last_total_weight = None
 
-    def take(self):
+    def take(self) -> dict[str, float | None]:
         """Return the counters as a dict and start counting from zero."""
         values = {name: getattr(self, name) for name in self.__slots__}
         self.reset()
         return values
 
 
-def check_reduce_op(op):
+def check_reduce_op(op: str) -> str:
     if op not in REDUCE_OPS:
         from tmpi_adapters.errors import ConfigError
         raise ConfigError("unknown reduction %r; choose 'mean' or 'sum'" % (op,))
@@ -139,21 +164,22 @@ class Exchanger(abc.ABC):
     """
 
     #: The name users pass to ``--exchanger``.
-    name = None
+    name: str | None = None
     #: Where the buffers it takes live: ``"host"`` or ``"device"``.
     memory = "host"
 
-    def __init__(self, comm=None, precision=None, bucket_bytes=None, timeout=None,
-                 on_stall=None):
+    def __init__(self, comm: object = None, precision: str | None = None,
+                 bucket_bytes: int | None = None, timeout: float | None = None,
+                 on_stall: StallHandler | None = None) -> None:
         self.precision = check_precision(precision)
         self.bucket_bytes = bucket_bytes
         self.timeout = timeout
         self.on_stall = on_stall
 
     _borrow_depth = 0
-    on_stall = None
+    on_stall: StallHandler | None = None
 
-    def stalled(self, what, waited, frame=None):
+    def stalled(self, what: str, waited: float, frame: FrameType | None = None) -> None:
         """A wait passed ``timeout``: ask :attr:`on_stall`, else raise
         :class:`~tmpi_adapters.errors.StallError`.
 
@@ -170,7 +196,8 @@ class Exchanger(abc.ABC):
                          "Every rank must call the training function the same number "
                          "of times." % (self.rank, waited, what))
 
-    def wait_for(self, test, what, timeout=None, patient=True):
+    def wait_for(self, test: Callable[[], object], what: str | Callable[[], str],
+                 timeout: float | None = None, patient: bool = True) -> None:
         """Call ``test()`` until it returns true, reporting a stall after
         ``timeout`` seconds (the exchanger's by default) through
         :meth:`stalled`; see :func:`tmpi_adapters.exchangers.waiting.wait_for`."""
@@ -178,9 +205,9 @@ class Exchanger(abc.ABC):
                  patient=patient, crowded=oversubscribed(self.size))
 
     #: What :meth:`set_envelope` was last told (``None``: nothing).
-    lockstep_envelope = None
+    lockstep_envelope: Envelope | None = None
 
-    def set_envelope(self, envelope):
+    def set_envelope(self, envelope: Envelope | None) -> None:
         """Say what this rank is doing (an
         :class:`~tmpi_adapters.exchangers.envelope.Envelope`, or ``None``) for
         the collectives that follow: exchangers that check lockstep carry it
@@ -188,7 +215,7 @@ class Exchanger(abc.ABC):
         self.lockstep_envelope = envelope
 
     @contextlib.contextmanager
-    def enveloped(self, envelope):
+    def enveloped(self, envelope: Envelope | None) -> Iterator[Envelope | None]:
         """The collectives of the block carry ``envelope``; the envelope
         before it holds again after it (an evaluation inside a step)."""
         saved = self.lockstep_envelope
@@ -199,7 +226,7 @@ class Exchanger(abc.ABC):
             self.set_envelope(saved)
 
     @property
-    def stats(self):
+    def stats(self) -> ExchangeStats:
         """This exchanger's :class:`ExchangeStats`."""
         stats = self.__dict__.get("_stats")
         if stats is None:
@@ -207,7 +234,7 @@ class Exchanger(abc.ABC):
         return stats
 
     @contextlib.contextmanager
-    def borrowing(self):
+    def borrowing(self) -> Iterator[Exchanger]:
         """Let ``allreduce`` calls without ``out`` return borrowed results
         (see the module doc): views of internal buffers, valid until the next
         allreduce of the same signature, never to be modified."""
@@ -218,7 +245,7 @@ class Exchanger(abc.ABC):
             self._borrow_depth -= 1
 
     @property
-    def borrow(self):
+    def borrow(self) -> bool:
         """True inside :meth:`borrowing`."""
         return self._borrow_depth > 0
 
@@ -229,10 +256,10 @@ class Exchanger(abc.ABC):
     point_to_point = True
     #: The :class:`~tmpi_adapters.exchangers.lockstep.Lockstep` of exchangers
     #: that check every collective's envelope (``None``: this one does not).
-    lockstep = None
+    lockstep: Lockstep | None = None
 
     @classmethod
-    def unavailable_reason(cls, size=None):
+    def unavailable_reason(cls, size: int | None = None) -> str | None:
         """Why this exchanger cannot run on this machine (``None`` when it can),
         for a job of ``size`` ranks when given.
 
@@ -243,8 +270,9 @@ class Exchanger(abc.ABC):
 
     # -- collectives -----------------------------------------------------
     @abc.abstractmethod
-    def allreduce(self, arrays, op="mean", weight=None, precision=None, out=None, ops=None,
-                  total=None):
+    def allreduce(self, arrays: Sequence[Array], op: str = "mean", weight: float | None = None,
+                  precision: str | None = None, out: Sequence[Array] | None = None,
+                  ops: Sequence[str] | None = None, total: float | None = None) -> list[Array]:
         """Reduce many arrays across ranks in as few collectives as possible.
 
         Parameters
@@ -280,7 +308,9 @@ class Exchanger(abc.ABC):
     #: (the exchange can then overlap the rest of a training step).
     overlaps = False
 
-    def start_allreduce(self, arrays, ops, weight=None, total=None, precision=None, slot=None):
+    def start_allreduce(self, arrays: Sequence[Array], ops: Sequence[str] | None,
+                        weight: float | None = None, total: float | None = None,
+                        precision: str | None = None, slot: Hashable = None) -> Reduction:
         """Start :meth:`allreduce` (with ``ops``) and return an object whose
         ``progress()`` moves it on without blocking (True once it has ended)
         and whose ``finish()`` waits for and returns the results.  Reductions
@@ -291,7 +321,7 @@ class Exchanger(abc.ABC):
                                        precision=precision))
 
     @abc.abstractmethod
-    def broadcast(self, arrays, root=0):
+    def broadcast(self, arrays: Sequence[Array], root: int = 0) -> Sequence[Array]:
         """Overwrite ``arrays`` on every rank with the root's values, in place.
 
         Arrays must be writable and contiguous; the list is packed into one
@@ -299,7 +329,7 @@ class Exchanger(abc.ABC):
         """
 
     @abc.abstractmethod
-    def allgather_rows(self, array):
+    def allgather_rows(self, array: Array) -> Array:
         """Concatenate every rank's ``array`` along axis 0 (rank order).
 
         Row counts may differ between ranks; the other dimensions and the dtype
@@ -307,62 +337,75 @@ class Exchanger(abc.ABC):
         """
 
     @abc.abstractmethod
-    def allgather_object(self, obj):
-        """Gather a small picklable object (metadata, never arrays) from every rank."""
+    def allgather_object(self, obj: _T) -> list[_T]:
+        """Gather a small picklable object (metadata, never arrays) from every
+        rank: every rank's, in rank order."""
 
     @abc.abstractmethod
-    def barrier(self, timeout=None):
+    def barrier(self, timeout: float | None = None) -> None:
         """Wait until every rank has reached this point."""
 
     # -- point to point --------------------------------------------------
-    def send(self, array, dest, tag=0):
+    def send(self, array: Array, dest: int, tag: int = 0) -> None:
         """Blocking send of one contiguous array (copied first if not contiguous)."""
         self.isend(array, dest, tag).wait()
 
-    def recv(self, out, source=ANY_SOURCE, tag=ANY_TAG, timeout=None):
+    def recv(self, out: Array, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             timeout: float | None = None) -> tuple[int, int]:
         """Blocking receive into ``out``; returns ``(source, tag)``."""
         return self.irecv(out, source, tag).wait(timeout)
 
     @abc.abstractmethod
-    def isend(self, array, dest, tag=0):
+    def isend(self, array: Array, dest: int, tag: int = 0) -> Request:
         """Non-blocking send; keep ``array`` unchanged until the returned
         :class:`Request` completes."""
 
     @abc.abstractmethod
-    def irecv(self, out, source=ANY_SOURCE, tag=ANY_TAG):
+    def irecv(self, out: Array, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Non-blocking receive into ``out``; returns a :class:`Request` whose
         ``wait()`` gives ``(source, tag)``."""
 
     @abc.abstractmethod
-    def probe(self, source=ANY_SOURCE, tag=ANY_TAG):
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> tuple[int, int] | None:
         """``(source, tag)`` of a message ready to be received, or ``None``."""
 
     # -- conveniences ----------------------------------------------------
-    def allreduce_scalars(self, values, op="mean", weight=None):
+    def allreduce_scalars(self, values: Sequence[float], op: str = "mean",
+                          weight: float | None = None) -> list[float]:
         """Reduce a few Python floats (metrics) as one float64 collective."""
         arr = np.asarray(values, dtype=np.float64).reshape(-1)
         return [float(v) for v in self.allreduce([arr], op=op, weight=weight)[0]]
 
-    def close(self):
+    def close(self) -> None:
         """Release communicators and buffers."""
+
+
+class Reduction(Protocol):
+    """What :meth:`Exchanger.start_allreduce` returns: a reduction under way."""
+
+    def progress(self) -> bool:
+        """Move the reduction on without blocking; True once it has ended."""
+
+    def finish(self) -> list[Array]:
+        """Wait for the reduction to end; the reduced arrays."""
 
 
 class Finished:
     """A :meth:`Exchanger.start_allreduce` that ended when it started."""
 
-    def __init__(self, results):
+    def __init__(self, results: list[Array]) -> None:
         self.results = results
 
-    def progress(self):
+    def progress(self) -> bool:
         return True
 
-    def finish(self):
+    def finish(self) -> list[Array]:
         return self.results
 
 
-def pack_plan(arrays):
+def pack_plan(arrays: Sequence[Array]) -> list[tuple[np.dtype[Any], list[int]]]:
     """Group array indices by dtype, keeping order: ``[(dtype, [i, ...]), ...]``."""
-    groups = {}
+    groups: dict[np.dtype[Any], list[int]] = {}
     for i, a in enumerate(arrays):
         groups.setdefault(np.dtype(a.dtype), []).append(i)
     return list(groups.items())

@@ -20,10 +20,22 @@ is the paper's algorithm and nothing else:
   :meth:`PerModel.assign`, :func:`copies`) or pack a whole model into one
   message (:func:`pack`, :func:`unpack`).
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from tmpi_adapters.core.protocol import read_values, write_values
 from tmpi_adapters.options import resolve_knobs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable, Iterable, Sequence
+
+    from tmpi_adapters.core.protocol import ModelProtocol, SharedVariable
+    from tmpi_adapters.core.session import Session
+    from tmpi_adapters.exchangers.base import Array, Exchanger, Reduction
+    from tmpi_adapters.options import Knob
 
 
 class PerModel:
@@ -35,20 +47,20 @@ class PerModel:
     Every method here may be left as it is.
     """
 
-    def __init__(self, rule, model, tag):
+    def __init__(self, rule: Rule, model: ModelProtocol, tag: int) -> None:
         self.rule = rule
         self.model = model
         self.tag = tag
         #: What a parameter rule combines: the model's parameters, then its
         #: state (BatchNorm statistics), in the order every rank shares.
-        self.variables = model.params + model.model_state
+        self.variables: list[SharedVariable] = model.params + model.model_state
 
-    def values(self):
+    def values(self) -> list[Array]:
         """The arrays behind :attr:`variables`, not copied: read them, or
         :func:`copies` of them to keep."""
         return read_values(self.variables)
 
-    def assign(self, arrays):
+    def assign(self, arrays: Iterable[Array]) -> None:
         """Make ``arrays`` the values of :attr:`variables`, each in its
         variable's dtype.
 
@@ -59,18 +71,18 @@ class PerModel:
         write_values(self.variables, [np.asarray(a, dtype=np.asarray(old).dtype)
                                       for a, old in zip(arrays, self.values())])
 
-    def poll(self):
+    def poll(self) -> int:
         """Handle what has arrived, without waiting; returns how many messages."""
         return 0
 
-    def finish(self):
+    def finish(self) -> None:
         """Training ended: drain messages, leave the final values in the model."""
 
-    def state_dict(self):
+    def state_dict(self) -> Any:
         """This model's part of the rule's checkpointed state (picklable)."""
         return None
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Any) -> None:
         """Restore what :meth:`state_dict` returned."""
 
 
@@ -84,7 +96,7 @@ class Rule:
 
     Parameters
     ----------
-    session : tmpi_adapters.core.session.Session
+    session
         Gives ``exchanger``, ``rank``, ``size`` and ``options``.
     **options
         Raw knob values (``{"alpha": "0.5"}``), typed and checked against
@@ -92,7 +104,7 @@ class Rule:
     """
 
     #: the name users pass to ``--rule``
-    name = None
+    name: str | None = None
     #: ``"gradients"``: gradients are combined inside the compiled graph
     #: (:meth:`reduce_gradients`); ``"parameters"``: each rank steps on its own
     #: gradients and :meth:`after_step` combines parameters between steps.
@@ -105,46 +117,46 @@ class Rule:
     #: clipping by the global norm).
     reduces_linearly = False
     #: ``{name: tmpi_adapters.Knob}``
-    knobs = {}
+    knobs: dict[str, Knob] = {}
     #: A :class:`PerModel` subclass made for every model, or ``None``.
-    per_model = None
+    per_model: type[PerModel] | None = None
     #: The first MPI tag of this rule's per-model messages (model k: tags
     #: ``tag_base + 2k`` and ``tag_base + 2k + 1``).
     tag_base = 10000
 
-    def __init__(self, session, **options):
+    def __init__(self, session: Session, **options: object) -> None:
         self.session = session
-        self.exchanger = session.exchanger
-        self.rank = session.rank
-        self.size = session.size
+        self.exchanger: Exchanger = session.exchanger
+        self.rank: int = session.rank
+        self.size: int = session.size
         self.config = resolve_knobs(self.name, self.knobs, options, session.size)
         for key, value in self.config.items():
             setattr(self, key, value)
         #: ``{model: PerModel}`` of the models started so far
-        self.models = {}
-        self._saved = {}
+        self.models: dict[ModelProtocol, PerModel] = {}
+        self._saved: dict[str, Any] = {}
 
     # -- what a rule implements ----------------------------------------------------
-    def after_step(self, model, samples):
+    def after_step(self, model: ModelProtocol, samples: int) -> None:
         """The algorithm's work after each step of ``model`` (``samples`` rows
         on this rank), on every rank.  Nothing by default."""
 
-    def finish(self, model):
+    def finish(self, model: ModelProtocol) -> None:
         """Training ended for ``model``: by default, :meth:`PerModel.finish`."""
         state = self.models.get(model)
         if state is not None:
             state.finish()
 
-    def rule_state(self):
+    def rule_state(self) -> dict[str, Any]:
         """Checkpointed state of the rule itself, beyond its models' (a random
         generator, counters); ``{}`` by default."""
         return {}
 
-    def load_rule_state(self, state):
+    def load_rule_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`rule_state` returned."""
 
     # -- what every rule shares --------------------------------------------------------
-    def start(self, model):
+    def start(self, model: ModelProtocol) -> None:
         """Called once per model after the identical start, before its first
         step: makes its :attr:`per_model` state, restored from a checkpoint
         when one was loaded."""
@@ -156,17 +168,19 @@ class Rule:
         if saved is not None:
             state.load_state_dict(saved)
 
-    def of(self, model):
+    def of(self, model: ModelProtocol) -> PerModel:
         """The :class:`PerModel` state of ``model``."""
         return self.models[model]
 
-    def poll(self, model):
+    def poll(self, model: ModelProtocol) -> int:
         """Handle what has arrived for ``model`` without waiting; returns how
         many messages (always 0 for rules that send none)."""
         state = self.models.get(model)
         return state.poll() if state is not None else 0
 
-    def reduce_gradients(self, arrays, weight, ops=None, total=None):
+    def reduce_gradients(self, arrays: Sequence[Array], weight: float,
+                         ops: Sequence[str] | None = None,
+                         total: float | None = None) -> list[Array]:
         """Combine one step's exchanged arrays across ranks.
 
         Called for gradient rules only, from inside the compiled training
@@ -189,7 +203,9 @@ class Rule:
     #: ``--overlap`` is refused for it.
     overlaps = False
 
-    def start_reduce_gradients(self, arrays, weight, ops=None, total=None, slot=None):
+    def start_reduce_gradients(self, arrays: Sequence[Array], weight: float,
+                               ops: Sequence[str] | None = None, total: float | None = None,
+                               slot: Hashable = None) -> Reduction:
         """:meth:`reduce_gradients` of one part of an overlapped step, started:
         returns the exchanger's pending reduction (``progress()``,
         ``finish()``).  ``slot`` tells the parts of a step apart.  Only called
@@ -197,7 +213,7 @@ class Rule:
         return self.exchanger.start_allreduce(arrays, ops, weight=weight, total=total,
                                               slot=slot)
 
-    def end_step(self, model, samples):
+    def end_step(self, model: ModelProtocol, samples: int) -> None:
         """What the session calls after each step: :meth:`after_step`, then,
         under a gradient rule, the model's state (statistics each rank
         computed from its own rows) averaged over the ranks' rows."""
@@ -208,13 +224,13 @@ class Rule:
             if state:
                 self.average(state, weight=samples)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint keeps of this rule."""
         return {"models": {model.name: state.state_dict()
                            for model, state in self.models.items()},
                 "rule": self.rule_state()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (models started later get
         theirs when they start)."""
         saved = dict(state.get("models") or {})
@@ -225,14 +241,15 @@ class Rule:
         self.load_rule_state(state.get("rule") or {})
 
     # -- helpers -------------------------------------------------------------------------
-    def average(self, variables, weight=None):
+    def average(self, variables: Sequence[SharedVariable], weight: float | None = None) -> None:
         """Replace shared variables by their (weighted) mean over ranks."""
         if not variables:
             return
         arrays = read_values(variables)
         write_values(variables, self.exchanger.allreduce(arrays, op="mean", weight=weight))
 
-    def wait_until(self, condition, what, timeout=None):
+    def wait_until(self, condition: Callable[[], object], what: str | Callable[[], str],
+                   timeout: float | None = None) -> None:
         """Poll ``condition()`` until it returns true, leaving the core to others.
 
         Asynchronous rules wait on several messages at once this way (for
@@ -241,12 +258,12 @@ class Rule:
 
         Parameters
         ----------
-        condition : callable
-            ``condition() -> bool``; called until it returns true.
-        what : str or callable
+        condition
+            Called until it returns true.
+        what
             Names what is awaited in the stall report (a callable is asked only
             when a stall is reported, so it can name the ranks still missing).
-        timeout : float, optional
+        timeout
             Seconds before a stall is reported; the exchanger's stall timeout
             by default.
 
@@ -258,18 +275,18 @@ class Rule:
         self.exchanger.wait_for(condition, what, timeout)
 
 
-def copies(arrays):
+def copies(arrays: Iterable[Array]) -> list[np.ndarray]:
     """Copies of ``arrays`` that nothing else writes to (a center variable,
     the parameters a rank last pulled)."""
     return [np.array(a, copy=True) for a in arrays]
 
 
-def flat_size(arrays):
+def flat_size(arrays: Iterable[Array]) -> int:
     """Total number of elements of ``arrays``."""
     return sum(int(np.size(a)) for a in arrays)
 
 
-def pack(arrays, out, offset=0):
+def pack(arrays: Iterable[Array], out: np.ndarray, offset: int = 0) -> np.ndarray:
     """Copy ``arrays`` one after another into the flat buffer ``out`` from ``offset``.
 
     Asynchronous rules send a whole model as one contiguous message; this is
@@ -283,13 +300,14 @@ def pack(arrays, out, offset=0):
     return out
 
 
-def unpack(flat, like, offset=0):
+def unpack(flat: np.ndarray, like: Iterable[Array], offset: int = 0) -> list[np.ndarray]:
     """New arrays shaped and typed like ``like``, read from ``flat`` from ``offset``.
 
     The one copy out of a received message; the arrays can be handed to
     :func:`~tmpi_adapters.core.protocol.write_values`.
     """
-    arrays, pos = [], offset
+    arrays: list[np.ndarray] = []
+    pos = offset
     for a in like:
         n = int(np.size(a))
         arrays.append(np.array(flat[pos:pos + n], dtype=np.asarray(a).dtype)

@@ -17,8 +17,28 @@ Hooks are called with keyword arguments only.  Hooks marked ``firstresult``
 stop at the first plugin that returns something other than ``None``.
 See ``docs/plugins.md`` for a guide and ``plugins/tmpi-plugin-gosgd`` for a
 template.
+
+The annotations are what implementations receive and return; a hook's body
+here is only its documentation.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import pluggy
+
+if TYPE_CHECKING:
+    from argparse import _ActionsContainer
+    from collections.abc import Callable, Sequence
+    from types import FrameType
+
+    from tmpi_adapters.core.function import Call
+    from tmpi_adapters.core.protocol import ModelProtocol
+    from tmpi_adapters.core.session import Session
+    from tmpi_adapters.exchangers.base import Array, Exchanger
+    from tmpi_adapters.frameworks.base import FrameworkAdapter
+    from tmpi_adapters.options import Options
+    from tmpi_adapters.rules.base import Rule
 
 hookspec = pluggy.HookspecMarker("tmpi")
 
@@ -26,7 +46,7 @@ hookspec = pluggy.HookspecMarker("tmpi")
 # --------------------------------------------------------------- registries
 
 @hookspec
-def tmpi_rules():
+def tmpi_rules() -> dict[str, type[Rule]]:
     """Return the synchronisation rules this plugin provides.
 
     Returns
@@ -38,7 +58,7 @@ def tmpi_rules():
 
 
 @hookspec
-def tmpi_exchangers():
+def tmpi_exchangers() -> dict[str, type[Exchanger]]:
     """Return the exchangers this plugin provides.
 
     Returns
@@ -51,7 +71,7 @@ def tmpi_exchangers():
 
 
 @hookspec
-def tmpi_frameworks():
+def tmpi_frameworks() -> dict[str, type[FrameworkAdapter]]:
     """Return the framework adapters this plugin provides.
 
     Returns
@@ -68,7 +88,7 @@ def tmpi_frameworks():
 
 
 @hookspec
-def tmpi_known_plugins():
+def tmpi_known_plugins() -> dict[str, str]:
     """Return names that are provided by distributions not installed here.
 
     Used only to word the error for an unknown ``--rule``/``--exchanger``/
@@ -82,7 +102,7 @@ def tmpi_known_plugins():
 
 
 @hookspec
-def tmpi_add_arguments(parser):
+def tmpi_add_arguments(parser: _ActionsContainer) -> None:
     """Add command-line options to ``tmpi wrap`` and ``tmpi run``.
 
     Parameters
@@ -95,7 +115,7 @@ def tmpi_add_arguments(parser):
 
 
 @hookspec
-def tmpi_check_options(options, ranks):
+def tmpi_check_options(options: Options, ranks: int) -> None:
     """Refuse bad values of this plugin's options before any rank starts.
 
     Called by ``tmpi wrap`` once the command line is read, and by the
@@ -113,7 +133,7 @@ def tmpi_check_options(options, ranks):
 
 
 @hookspec
-def tmpi_commands():
+def tmpi_commands() -> dict[str, tuple[Callable[[list[str]], int | None], str]]:
     """Return ``tmpi`` subcommands this plugin provides.
 
     Returns
@@ -129,7 +149,7 @@ def tmpi_commands():
 # ---------------------------------------------------------------- decisions
 
 @hookspec(firstresult=True)
-def tmpi_detect_framework(source, path):
+def tmpi_detect_framework(source: str, path: str) -> str | None:
     """Guess the framework of a user script that was run without ``--framework``.
 
     Parameters
@@ -147,7 +167,7 @@ def tmpi_detect_framework(source, path):
 
 
 @hookspec(firstresult=True)
-def tmpi_select_exchanger(session):
+def tmpi_select_exchanger(session: Session) -> str | None:
     """Choose an exchanger when the user did not name one.
 
     Parameters
@@ -166,7 +186,7 @@ def tmpi_select_exchanger(session):
 # ---------------------------------------------------------------- lifecycle
 
 @hookspec
-def tmpi_session_start(session):
+def tmpi_session_start(session: Session) -> None:
     """Called on every rank once the session (exchanger, rule, adapter) is ready,
     before the user's code runs.
 
@@ -177,7 +197,7 @@ def tmpi_session_start(session):
 
 
 @hookspec
-def tmpi_model_ready(session, model):
+def tmpi_model_ready(session: Session, model: ModelProtocol) -> None:
     """Called on every rank when a :class:`~tmpi_adapters.core.protocol.ModelProtocol`
     has been synchronised (identical start) and is about to take its first step.
 
@@ -189,7 +209,7 @@ def tmpi_model_ready(session, model):
 
 
 @hookspec(firstresult=True)
-def tmpi_call(session, call):
+def tmpi_call(session: Session, call: Call) -> Any:
     """Run one call of a compiled function tmpi handed the script.
 
     Every call of a distributed training function and of every other
@@ -221,7 +241,8 @@ def tmpi_call(session, call):
 
 
 @hookspec
-def tmpi_after_exchange(session, model, gradients, reduced, weight):
+def tmpi_after_exchange(session: Session, model: ModelProtocol, gradients: Sequence[Array],
+                        reduced: Sequence[Array], weight: float) -> None:
     """Called on every rank inside a training step, right after its gradients
     were exchanged and before the updates use them.
 
@@ -245,7 +266,8 @@ def tmpi_after_exchange(session, model, gradients, reduced, weight):
 
 
 @hookspec
-def tmpi_after_step(session, model, step, samples):
+def tmpi_after_step(session: Session, model: ModelProtocol, step: int,
+                    samples: int) -> None:
     """Called on every rank after each training step of ``model``.
 
     Parameters
@@ -260,7 +282,8 @@ def tmpi_after_step(session, model, step, samples):
 
 
 @hookspec(firstresult=True)
-def tmpi_stall(session, what, waited, frame):
+def tmpi_stall(session: Session, what: str, waited: float,
+               frame: FrameType) -> bool | None:
     """A wait of this rank passed ``--stall-timeout``.
 
     Called on the waiting thread from inside the wait.  The watchdog
@@ -287,7 +310,7 @@ def tmpi_stall(session, what, waited, frame):
 
 
 @hookspec
-def tmpi_before_finish(session):
+def tmpi_before_finish(session: Session) -> None:
     """Called on every rank when the user's code has returned without error,
     before the rule finishes and the end-of-run summary is exchanged.
 
@@ -298,7 +321,7 @@ def tmpi_before_finish(session):
 
 
 @hookspec
-def tmpi_checkpoint_state(session):
+def tmpi_checkpoint_state(session: Session) -> dict[str, Any] | None:
     """Return extra state to store in a checkpoint.
 
     Parameters
@@ -313,7 +336,7 @@ def tmpi_checkpoint_state(session):
 
 
 @hookspec
-def tmpi_restore_state(session, state):
+def tmpi_restore_state(session: Session, state: dict[str, Any]) -> None:
     """Restore what :func:`tmpi_checkpoint_state` stored.
 
     Parameters
@@ -325,7 +348,7 @@ def tmpi_restore_state(session, state):
 
 
 @hookspec
-def tmpi_session_end(session, error):
+def tmpi_session_end(session: Session, error: BaseException | None) -> None:
     """Called on every rank when the user's code has finished.
 
     Parameters

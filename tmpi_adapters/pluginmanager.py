@@ -7,11 +7,18 @@ Environment variables:
 ``TMPI_TRACE_HOOKS=1``
     print every hook call and its result to stderr.
 """
+from __future__ import annotations
+
 import importlib
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from importlib.metadata import Distribution, EntryPoint
 
 from tmpi_adapters import hookspecs
 from tmpi_adapters.errors import TmpiError
@@ -56,11 +63,12 @@ TRACE_ENV = "TMPI_TRACE_HOOKS"
 _manager = None
 
 
-def _truthy(value):
+def _truthy(value: object) -> bool:
     return str(value).strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def make_plugin_manager(autoload=None, trace=None):
+def make_plugin_manager(autoload: bool | None = None,
+                        trace: bool | None = None) -> pluggy.PluginManager:
     """Build a fresh manager: specs, built-ins, entry points, then ``check_pending``."""
     pm = pluggy.PluginManager("tmpi")
     pm.add_hookspecs(hookspecs)
@@ -80,10 +88,10 @@ def make_plugin_manager(autoload=None, trace=None):
 
 
 #: Installed plugins that could not be loaded: ``{entry point: one line}``.
-broken = {}
+broken: dict[str, str] = {}
 
 
-def _entry_points():
+def _entry_points() -> list[tuple[EntryPoint, Distribution]]:
     """``[(entry point, distribution)]`` of the ``tmpi`` group, read without importing."""
     import importlib.metadata
     found = []
@@ -94,7 +102,7 @@ def _entry_points():
     return found
 
 
-def _load_entry_points(pm):
+def _load_entry_points(pm: pluggy.PluginManager) -> None:
     """Register every installed plugin, one at a time: a plugin that does not
     import, or implements a hook that does not exist, is left out with one
     line on stderr, and tmpi goes on without it."""
@@ -118,7 +126,7 @@ def _load_entry_points(pm):
                 sys.stderr.write(broken[ep.name] + "\n")
 
 
-def get_plugin_manager():
+def get_plugin_manager() -> pluggy.PluginManager:
     """The process-wide manager, built on first use."""
     global _manager
     if _manager is None:
@@ -126,14 +134,14 @@ def get_plugin_manager():
     return _manager
 
 
-def _collect(hook_results):
-    merged = {}
+def _collect(hook_results: Iterable[dict[str, Any] | None]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
     for result in hook_results:
         merged.update(result or {})
     return merged
 
 
-def available(kind, pm=None):
+def available(kind: str, pm: pluggy.PluginManager | None = None) -> dict[str, type[Any]]:
     """``{name: class}`` of every installed rule, exchanger or framework.
 
     ``kind`` is ``"rules"``, ``"exchangers"`` or ``"frameworks"``.
@@ -142,7 +150,7 @@ def available(kind, pm=None):
     return _collect(getattr(pm.hook, "tmpi_" + kind)())
 
 
-def lookup(kind, name, pm=None):
+def lookup(kind: str, name: str, pm: pluggy.PluginManager | None = None) -> type[Any]:
     """The class registered as ``name`` of ``kind``; a clear error otherwise."""
     pm = pm or get_plugin_manager()
     found = available(kind, pm)
@@ -163,7 +171,8 @@ def lookup(kind, name, pm=None):
     raise TmpiError(message)
 
 
-def _unloaded_provider(kind, name, pm):
+def _unloaded_provider(kind: str, name: str,
+                       pm: pluggy.PluginManager) -> tuple[str, str] | None:
     """``(distribution, why)`` of an installed plugin that was not loaded
     (autoloading off, or broken) and provides ``name``, or ``None``."""
     autoload_off = _truthy(os.environ.get(AUTOLOAD_ENV, ""))
@@ -185,13 +194,14 @@ def _unloaded_provider(kind, name, pm):
     return None
 
 
-def commands(pm=None):
+def commands(pm: pluggy.PluginManager | None = None
+             ) -> dict[str, tuple[Callable[[list[str]], int | None], str]]:
     """``{name: (handler, help)}`` of every ``tmpi`` subcommand plugins provide."""
     pm = pm or get_plugin_manager()
     return _collect(pm.hook.tmpi_commands())
 
 
-def describe_plugins(pm=None):
+def describe_plugins(pm: pluggy.PluginManager | None = None) -> list[dict[str, Any]]:
     """One dict per registered plugin: name, version, distribution, hooks."""
     pm = pm or get_plugin_manager()
     dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
@@ -212,7 +222,7 @@ def describe_plugins(pm=None):
     return rows
 
 
-def rule_knobs(plugin):
+def rule_knobs(plugin: object) -> dict[str, list[dict[str, Any]]]:
     """``{rule: [{"name", "type", "default", "help"}]}`` of the rules ``plugin``
     provides (a default that depends on the rank count reads ``"f(N)"``)."""
     impl = getattr(plugin, "tmpi_rules", None)
@@ -227,7 +237,7 @@ def rule_knobs(plugin):
     return found
 
 
-def _provides(plugin):
+def _provides(plugin: object) -> list[str]:
     provided = []
     for kind in ("rules", "exchangers", "frameworks"):
         impl = getattr(plugin, "tmpi_" + kind, None)
@@ -237,5 +247,5 @@ def _provides(plugin):
 
 
 @hookimpl
-def tmpi_known_plugins():
+def tmpi_known_plugins() -> dict[str, str]:
     return dict(KNOWN)

@@ -1,47 +1,55 @@
 """What every framework adapter is: something that hooks a framework while a
 user's script runs, and hands tmpi :class:`~tmpi_adapters.core.protocol.ModelProtocol` s."""
+from __future__ import annotations
+
 import ast
 import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tmpi_adapters.core.protocol import ModelProtocol, SharedVariable
+    from tmpi_adapters.core.session import Session
 
 
 class Patcher:
     """Replaces attributes and puts the originals back on :meth:`restore`."""
 
-    def __init__(self):
-        self._saved = []
+    def __init__(self) -> None:
+        self._saved: list[tuple[object, str, Any]] = []
 
-    def patch(self, owner, name, value):
+    def patch(self, owner: object, name: str, value: object) -> Any:
+        """Set ``owner.name`` to ``value``; returns the original."""
         original = getattr(owner, name)
         self._saved.append((owner, name, original))
         setattr(owner, name, value)
         return original
 
-    def restore(self):
+    def restore(self) -> None:
         while self._saved:
             owner, name, original = self._saved.pop()
             setattr(owner, name, original)
 
 
-def imported_modules(source):
+def imported_modules(source: str) -> set[str]:
     """Every module name a script imports (``a.b`` gives ``a`` and ``a.b``)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return set(re.findall(r"^\s*(?:import|from)\s+([\w.]+)", source, re.MULTILINE))
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module)
-    expanded = set()
+    expanded: set[str] = set()
     for name in names:
         parts = name.split(".")
         expanded.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
     return expanded
 
 
-def imports_module(source, module):
+def imports_module(source: str, module: str) -> bool:
     """True when ``source`` imports ``module`` (or something inside it)."""
     return module in imported_modules(source)
 
@@ -59,28 +67,29 @@ class FrameworkAdapter:
 
     Parameters
     ----------
-    session : tmpi_adapters.core.session.Session
+    session
+        The session the adapter serves.
     """
 
     #: the name users pass to ``--framework``
-    name = None
+    name: str | None = None
     #: Whether functions that do not train but take a batch (validation,
     #: prediction) are split across ranks; an adapter that splits its
     #: framework's evaluation itself (Keras') says False.
     split_evaluations = True
 
-    def __init__(self, session):
+    def __init__(self, session: Session) -> None:
         self.session = session
         self.patcher = Patcher()
 
-    def install(self):
+    def install(self) -> None:
         """Hook the framework; called on every rank before the user's code runs."""
 
-    def uninstall(self):
+    def uninstall(self) -> None:
         """Undo :meth:`install`."""
         self.patcher.restore()
 
-    def batch_mode(self):
+    def batch_mode(self) -> str:
         """How training calls share work across ranks.
 
         ``"rows"``: each call's batch is split by rows (strong scaling);
@@ -91,18 +100,21 @@ class FrameworkAdapter:
         """
         return "round-robin" if self.session.options.scaling == "weak" else "rows"
 
-    def make_model(self, key, params, optimizer_state, model_state, graph, data):
+    def make_model(self, key: str, params: list[SharedVariable],
+                   optimizer_state: list[SharedVariable], model_state: list[SharedVariable],
+                   graph: list[Any], data: set[Any]) -> ModelProtocol:
         """The :class:`~tmpi_adapters.core.protocol.ModelProtocol` of training
         function ``key`` from what was found of it: its trainable parameters,
         optimizer state and model state (shared variables), its ``graph``
         (outputs and update expressions) and the variables that hold its
-        ``data``.  Adapters that know more than the graph shows refine it."""
+        ``data`` (Theano variables).  Adapters that know more than the graph
+        shows refine it."""
         raise NotImplementedError("%s does not make models" % type(self).__name__)
 
-    def check_finished(self):
+    def check_finished(self) -> None:
         """Called when the user's code returned without error; raise
         :class:`~tmpi_adapters.errors.TmpiError` if nothing was distributed."""
 
-    def rebind(self, namespace):
+    def rebind(self, namespace: dict[str, Any]) -> None:
         """Point names in a module namespace (a decorated script's globals) that
         were imported before :meth:`install` at the hooked versions."""

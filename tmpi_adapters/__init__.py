@@ -26,14 +26,34 @@ virtual environment that ``make install`` made, at interpreter start-up.
 starts, so pytest, which loads tmpi's plugin for the ``mpi`` mark, must not
 try to rewrite it; :mod:`tmpi_adapters.testing` is rewritten as usual.)
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from tmpi_adapters.version import __version__
+
+if TYPE_CHECKING:
+    # What the lazy names below are, for type checkers (never imported here).
+    import os
+    from collections.abc import Iterable
+    from typing import Any
+
+    from tmpi_adapters.core.protocol import ModelProtocol
+    from tmpi_adapters.errors import (CheckpointError, ConfigError, LockstepError,
+                                      MismatchError, NonFiniteError, StallError, TmpiError)
+    from tmpi_adapters.exchangers.base import Exchanger
+    from tmpi_adapters.launch.decorator import distributed
+    from tmpi_adapters.options import Knob
+    from tmpi_adapters.pluginmanager import hookimpl
+    from tmpi_adapters.rules.base import Rule
 
 __all__ = ["distributed", "wrap", "Rule", "Knob", "Exchanger", "ModelProtocol", "hookimpl",
            "TmpiError", "ConfigError", "MismatchError", "StallError", "NonFiniteError",
            "CheckpointError", "LockstepError", "__version__"]
 
 
-def wrap(script, args=(), n=1, **options):
+def wrap(script: str | os.PathLike[str], args: Iterable[str] = (), n: int = 1,
+         **options: Any) -> int:
     """Run ``script`` with ``args`` on ``n`` ranks, like ``tmpi wrap``; returns
     the exit status.  ``options`` are :class:`~tmpi_adapters.options.Options` fields."""
     from tmpi_adapters.launch.launcher import launch
@@ -60,11 +80,11 @@ _LAZY.update({name: ("tmpi_adapters.errors", name) for name in (
 _THEANO_MPI_RULES = ("BSP", "EASGD", "GOSGD", "ASGD")
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     import importlib
     if name in _LAZY:
-        module, attribute = _LAZY[name]
-        module = importlib.import_module(module)
+        module_name, attribute = _LAZY[name]
+        module = importlib.import_module(module_name)
         return module if attribute is None else getattr(module, attribute)
     if name in _THEANO_MPI_RULES:
         from tmpi_adapters.frameworks.theanompi.run import rule_class

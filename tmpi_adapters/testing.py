@@ -33,6 +33,8 @@ fusion, which Python would evaluate element by element): the models are
 small, and the ranks then never queue on the lock of the compile cache that
 every Theano process on the machine shares.
 """
+from __future__ import annotations
+
 import functools
 import json
 import os
@@ -43,6 +45,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -51,7 +54,10 @@ from tmpi_adapters.launch.launcher import RANK_HASH_SEED
 try:
     import pytest
 except ImportError:  # a driver's ranks run no tests
-    pytest = None
+    pytest = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 #: The directory of the running Python, where ``tmpi`` and ``mpiexec`` are.
 BIN = Path(sys.executable).parent
@@ -310,34 +316,34 @@ class RuleConformance:
     """
 
     #: The ``--rule`` name.
-    rule = None
+    rule: str | None = None
     #: Further ``--rule`` names of the same class (ASGD's ``downpour``); the
     #: oversubscribed run uses the first, so that it trains under each name.
-    aliases = ()
+    aliases: Sequence[str] = ()
     #: The distribution that provides the rule (``tmpi-plugin-gosgd``).
-    distribution = None
+    distribution: str | None = None
     #: Knobs (``"name=value"``) of the 2-rank MLP run and the held-back run.
-    rule_options = ()
+    rule_options: Sequence[str] = ()
     #: Whether, under :attr:`rule_options`, no rank ever waits for another
     #: while training (the held-back run must end normally); ``False``: a
     #: held-back rank stalls the others, and the stall must be reported.
     asynchronous = False
     #: ``(rule_options, asynchronous)`` of the rule's other form, held back too
     #: (EASGD's ``(["mode=async"], True)``); ``None`` when it has one form.
-    other_form = None
+    other_form: tuple[Sequence[str], bool] | None = None
     #: The validation accuracy the MLP example must reach on 2 ranks.
     mlp_accuracy = 0.95
     #: Knobs of the run on 4 ranks, more than this machine's cores.
-    oversubscribed_options = ()
+    oversubscribed_options: Sequence[str] = ()
     #: The validation accuracy the oversubscribed run must reach.
     oversubscribed_accuracy = 0.85
     #: ``(option, words)``: a bad knob value that ``tmpi wrap`` refuses before
     #: any rank starts, and words of the error (a text, or a tuple of texts).
-    bad_options = ()
+    bad_options: Sequence[tuple[str, str | tuple[str, ...]]] = ()
     #: ``(options, words)``: knobs (a list) that the rule refuses once the
     #: ranks start (a combination no single knob's check sees), and words of
     #: the error.
-    refused_options = ()
+    refused_options: Sequence[tuple[Sequence[str], str | tuple[str, ...]]] = ()
 
     def pytest_generate_tests(self, metafunc):
         """The parameters of the tests below, from the subclass's attributes."""

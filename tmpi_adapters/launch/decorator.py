@@ -1,12 +1,24 @@
 """``@tmpi_adapters.distributed(...)``: distribute a script's entry point in two lines."""
+from __future__ import annotations
+
 import functools
 import sys
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.options import Options
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import ParamSpec
 
-def distributed(framework=None, rule="bsp", rule_options=None, **options):
+    _P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def distributed(framework: str | None = None, rule: str = "bsp",
+                rule_options: Mapping[str, object] | None = None,
+                **options: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R | None]]:
     """Run the decorated function as a distributed training session.
 
     Under ``mpiexec -n N python script.py`` each rank runs the function with its
@@ -18,17 +30,20 @@ def distributed(framework=None, rule="bsp", rule_options=None, **options):
 
     Parameters
     ----------
-    framework : str, optional
+    framework
         ``"theano"``, ``"keras"``, ``"lasagne"``, ``"blocks"``, ...; detected
         from the script's imports when omitted.
-    rule : str
+    rule
         Synchronisation rule (``"bsp"``, or an installed plugin's rule).
-    rule_options : dict, optional
+    rule_options
         Knobs of the rule, e.g. ``{"tau": 4}``.
     **options
         Any field of :class:`tmpi_adapters.options.Options` (``seed``,
         ``scaling``, ``precision``, ``stall_timeout``, ...); other names go to
         ``options.extra`` for plugins.
+
+    The decorated function returns what the function returns, or ``None``
+    where the run had nothing to do (``--resume auto`` of a finished run).
 
     Examples
     --------
@@ -37,9 +52,9 @@ def distributed(framework=None, rule="bsp", rule_options=None, **options):
     ... def main(num_epochs=500):
     ...     ...
     """
-    def decorate(main):
+    def decorate(main: Callable[_P, _R]) -> Callable[_P, _R | None]:
         @functools.wraps(main)
-        def run(*args, **kwargs):
+        def run(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
             from tmpi_adapters.core.session import active_session
             if active_session() is not None:
                 _check_joined(active_session().options, framework, rule, rule_options,
@@ -48,12 +63,14 @@ def distributed(framework=None, rule="bsp", rule_options=None, **options):
                 return main(*args, **kwargs)
             return _run_distributed(main, args, kwargs, framework, rule, rule_options,
                                     options)
-        run.tmpi_distributed = True
+        run.tmpi_distributed = True  # type: ignore[attr-defined]
         return run
     return decorate
 
 
-def _check_joined(session_options, framework, rule, rule_options, options):
+def _check_joined(session_options: Options, framework: str | None, rule: str,
+                  rule_options: Mapping[str, object] | None,
+                  options: Mapping[str, Any]) -> None:
     """Under ``tmpi wrap``: the session must run with what the decorator sets,
     unless the command line named it; a value ``tmpi wrap`` could not read
     from the script (not a literal) is an error, not silently dropped."""
@@ -68,7 +85,7 @@ def _check_joined(session_options, framework, rule, rule_options, options):
     for key, value in wanted.items():
         if key in explicit:
             continue
-        current = getattr(session_options, key) if hasattr(session_options, key) \
+        current: Any = getattr(session_options, key) if hasattr(session_options, key) \
             else session_options.extra.get(key)
         if key == "rule_options":
             current = {k: current.get(k) for k in value}
@@ -80,7 +97,8 @@ def _check_joined(session_options, framework, rule, rule_options, options):
                 "line instead (or write it as a literal)." % (key, value, key, current))
 
 
-def _options(main, framework, rule, rule_options, options):
+def _options(main: Callable[..., Any], framework: str | None, rule: str,
+             rule_options: Mapping[str, object] | None, options: Mapping[str, Any]) -> Options:
     from dataclasses import fields
     known = {f.name for f in fields(Options)}
     base = Options.from_env()
@@ -97,7 +115,10 @@ def _options(main, framework, rule, rule_options, options):
     return result
 
 
-def _run_distributed(main, args, kwargs, framework, rule, rule_options, options):
+def _run_distributed(main: Callable[_P, _R], args: tuple[Any, ...], kwargs: dict[str, Any],
+                     framework: str | None,
+                     rule: str, rule_options: Mapping[str, object] | None,
+                     options: Mapping[str, Any]) -> _R | None:
     from tmpi_adapters.launch import compat, failure, output, runtime
     compat.apply()
     opts = _options(main, framework, rule, rule_options, options)
@@ -140,6 +161,7 @@ def _run_distributed(main, args, kwargs, framework, rule, rule_options, options)
             failure.finish_after_failure(session, error)
             raise
         failure.end_after_failure(session, error, rank, size)
+        return None  # not reached: end_after_failure ends the job
 
 
 __all__ = ["distributed"]

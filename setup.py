@@ -53,6 +53,8 @@ setup(
     license="BSD-3-Clause",
     python_requires=">=3.9",
     packages=find_packages(include=["tmpi_adapters", "tmpi_adapters.*"]),
+    # The public API is annotated (PEP 561): type checkers read tmpi's types.
+    package_data={"tmpi_adapters": ["py.typed"]},
     install_requires=[
         # Theano 1.0.5 is the last Theano; it breaks on numpy >= 1.24 (np.bool & co.)
         # and on scipy >= 1.12.
@@ -79,7 +81,8 @@ setup(
         "lasagne": ["lasagne==0.1", "setuptools<81"],
         # The suite runs its test files on two workers: most of a test is
         # waiting for ranks to start, import and compile, which leaves a core idle.
-        "test": ["pytest>=7", "pytest-xdist>=3"],
+        # mypy checks the public API's annotations (tests/test_types.py).
+        "test": ["pytest>=7", "pytest-xdist>=3", "mypy>=1.0"],
         # GPU exchangers; never pulled by the CPU install.
         "gpu": ["cupy-cuda12x", "nvidia-nccl-cu12"],
     },

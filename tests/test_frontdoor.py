@@ -330,6 +330,8 @@ def test_a_wheel_of_tmpi_installs_the_startup_hook(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         assert archive.read(STARTUP_HOOK).decode() == STARTUP_LINE  # site-packages' top
         record = archive.read(next(n for n in archive.namelist() if n.endswith("/RECORD")))
+        # Type checkers read an installed tmpi's annotations (PEP 561).
+        assert "tmpi_adapters/py.typed" in archive.namelist()
     assert STARTUP_HOOK.encode() in record  # so that pip uninstall removes it
 
 

@@ -32,6 +32,10 @@ UNCLAIMED_AGE = 24 * 3600.0
 
 #: The job directory of a rank ``tmpi wrap`` started (its environment).
 JOB_DIR_ENV = "TMPI_JOB_DIR"
+#: The launching ``tmpi`` process, so ranks on its machine can end the job if
+#: it disappears (see :mod:`tmpi_adapters.reliability.watchdog`).
+LAUNCHER_PID_ENV = "TMPI_LAUNCHER_PID"
+LAUNCHER_HOST_ENV = "TMPI_LAUNCHER_HOST"
 
 
 def job_dir():

@@ -18,22 +18,17 @@ import tempfile
 
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.options import OPTIONS_ENV
-from tmpi_adapters.launch.jobdir import (JOB_DIR_ENV, JOB_DIR_PREFIX, claim_job_dir,
-                                         sweep_job_dirs)
+from tmpi_adapters.launch.jobdir import (JOB_DIR_ENV, JOB_DIR_PREFIX, LAUNCHER_HOST_ENV,
+                                         LAUNCHER_PID_ENV, claim_job_dir, sweep_job_dirs)
 from tmpi_adapters.launch.target import as_target, find_module, target_argv
 from tmpi_adapters.launch.threads import THREAD_ENV, default_threads, limit_blas_threads
 from tmpi_adapters.launch.restarts import Restarts
-from tmpi_adapters.launch.watch import JobWatch, OutputRelay, Preemption, stopped_by_signals
+from tmpi_adapters.launch.signals import Preemption, stopped_by_signals
+from tmpi_adapters.launch.watch import JobWatch, OutputRelay
 from tmpi_adapters.reliability import preemption
 
 #: Environment variables set by MPI launchers in each rank they start.
 RANK_ENV = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
-
-
-#: The launching ``tmpi`` process, so ranks on its machine can end the job if
-#: it disappears (see :mod:`tmpi_adapters.reliability.watchdog`).
-LAUNCHER_PID_ENV = "TMPI_LAUNCHER_PID"
-LAUNCHER_HOST_ENV = "TMPI_LAUNCHER_HOST"
 
 
 def inside_mpi_job(env=None):

@@ -55,7 +55,7 @@ class Restarts:
         """Run the job (``run_job(options, n)`` returns its
         :class:`~tmpi_adapters.launch.watch.JobWatch`) until it ends without a
         failure a restart may mend, or cannot be restarted; returns its
-        status.  ``stop`` (:class:`~tmpi_adapters.launch.watch.Preemption`):
+        status.  ``stop`` (:class:`~tmpi_adapters.launch.signals.Preemption`):
         no restart once the launcher was asked to stop."""
         start = 0  # the step the running attempt resumed from
         while True:

@@ -477,7 +477,7 @@ class Watchdog:
 
     # -- the launching process ------------------------------------------------------------
     def _launcher_to_watch(self):
-        from tmpi_adapters.launch.launcher import LAUNCHER_HOST_ENV, LAUNCHER_PID_ENV
+        from tmpi_adapters.launch.jobdir import LAUNCHER_HOST_ENV, LAUNCHER_PID_ENV
         pid, host = os.environ.get(LAUNCHER_PID_ENV), os.environ.get(LAUNCHER_HOST_ENV)
         if not pid or host != socket.gethostname():
             return None  # another machine's process cannot be checked from here

@@ -29,7 +29,7 @@ $(STAMP): setup.py pyproject.toml constraints.txt Makefile $(wildcard plugins/*/
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --disable-pip-version-check -c constraints.txt wheel \
 		-e ".[$(EXTRAS)]" $(addprefix -e ,$(PLUGINS))
-	$(BIN)/python -m tmpi_adapters.launch.compat --install-startup-hook
+	$(BIN)/python -m tmpi_adapters.process.compat --install-startup-hook
 	touch $(STAMP)
 
 # A PEP 503 index of the wheels in dist/: dist/simple/<name>/index.html.

@@ -12,10 +12,10 @@ VERSION = re.search(r'^__version__ = "([^"]+)"',
 
 
 def _compat():
-    """tmpi_adapters/launch/compat.py, which names the start-up hook and its
+    """tmpi_adapters/process/compat.py, which names the start-up hook and its
     line (it imports only the standard library)."""
     spec = importlib.util.spec_from_file_location(
-        "_tmpi_compat", HERE / "tmpi_adapters" / "launch" / "compat.py")
+        "_tmpi_compat", HERE / "tmpi_adapters" / "process" / "compat.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -27,7 +27,7 @@ class BuildWithStartupHook(build_py):
     package: plain ``python``, ``pytest`` and ``mpiexec python`` then get the
     shims the 2017-era libraries need (and its uninstall removes it).  An
     editable install has no such place; ``make install`` writes the hook
-    there (``python -m tmpi_adapters.launch.compat --install-startup-hook``)."""
+    there (``python -m tmpi_adapters.process.compat --install-startup-hook``)."""
 
     def run(self):
         super().run()

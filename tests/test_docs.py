@@ -52,7 +52,7 @@ def test_the_pages_show_commands():
 @pytest.mark.parametrize("page, number, words", COMMANDS,
                          ids=["%s:%d" % (page, number) for page, number, _ in COMMANDS])
 def test_a_command_shown_is_one_tmpi_takes(page, number, words):
-    from tmpi_adapters.launch.cli import split_wrap_argv, wrap_parser
+    from tmpi_adapters.launch.arguments import split_wrap_argv, wrap_parser
     parser = wrap_parser()
     ours, target, rest = split_wrap_argv(words, parser)
     assert target is not None, "%s:%d: no script in tmpi wrap %s" % (page, number, words)

@@ -68,7 +68,7 @@ def tmpi_here(capsys, *argv):
 ])
 def test_options_before_the_script_are_tmpis_and_after_it_the_scripts(argv, ours, target,
                                                                       rest):
-    from tmpi_adapters.launch.cli import split_wrap_argv, wrap_parser
+    from tmpi_adapters.launch.arguments import split_wrap_argv, wrap_parser
     assert split_wrap_argv(argv, wrap_parser()) == (ours, target, rest)
 
 
@@ -230,7 +230,7 @@ def test_stopping_tmpi_stops_every_rank_and_leaves_no_job_directory(tmp_path, si
     host = os.uname().nodename
     for name, pid in (("tmpi-job-killed", gone.pid), ("tmpi-job-running", os.getpid())):
         (temporary / name).mkdir()
-        from tmpi_adapters.launch.jobdir import process_start_time
+        from tmpi_adapters.process.jobdir import process_start_time
         (temporary / name / "launcher").write_text(
             "%d %s %s" % (pid, process_start_time(pid) or "-", host))
     process = subprocess.Popen(
@@ -297,9 +297,9 @@ def test_the_start_up_hook_imports_nothing_heavy():
     result = check(run([sys.executable, "-c", "import sys; print(' '.join(sorted(sys.modules)))"],
                        env=plain_env()))
     loaded = set(result.stdout.split())
-    assert "tmpi_adapters.launch.compat" in loaded
+    assert "tmpi_adapters.process.compat" in loaded
     assert {m for m in loaded if m.startswith("tmpi_adapters")} <= {
-        "tmpi_adapters", "tmpi_adapters.launch", "tmpi_adapters.launch.compat",
+        "tmpi_adapters", "tmpi_adapters.process", "tmpi_adapters.process.compat",
         "tmpi_adapters.version"}, loaded
     heavy = {"numpy", "theano", "mpi4py", "pluggy", "keras", "lasagne", "json", "logging",
              "subprocess", "threading"} & loaded
@@ -326,7 +326,7 @@ def test_a_wheel_of_tmpi_installs_the_startup_hook(tmp_path):
     check(run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
                "--no-build-isolation", "-w", tmp_path / "wheels", source], env=pure_env()))
     wheel, = (tmp_path / "wheels").glob("tmpi_adapters-*.whl")
-    from tmpi_adapters.launch.compat import STARTUP_HOOK, STARTUP_LINE
+    from tmpi_adapters.process.compat import STARTUP_HOOK, STARTUP_LINE
     with zipfile.ZipFile(wheel) as archive:
         assert archive.read(STARTUP_HOOK).decode() == STARTUP_LINE  # site-packages' top
         record = archive.read(next(n for n in archive.namelist() if n.endswith("/RECORD")))
@@ -427,7 +427,7 @@ def test_ranks_compile_at_once_and_hash_strings_alike(tmp_path):
 
 
 def test_ranks_retry_the_compile_lock_every_second_unless_the_user_says_otherwise(tmp_path):
-    from tmpi_adapters.launch import compat
+    from tmpi_adapters.process import compat
     assert "compile.wait=1" in compat.theano_flags(env={"THEANO_FLAGS": "floatX=float32"})
     mine = compat.theano_flags(env={"THEANO_FLAGS": "compile.wait=3"}).split(",")
     assert "compile.wait=3" in mine and "compile.wait=1" not in mine

@@ -98,6 +98,60 @@ def test_no_import_cycles():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+#: The floors of the package, from the top: a module may import modules of its
+#: own folder and of the floors below its own, never above nor beside it
+#: (docs/architecture.md has the same table).  A folder stands for its
+#: modules; the top-level modules stand for themselves.
+FLOORS = [
+    ("bench", "testing", "pytest_plugin"),              # tools
+    ("tmpi_adapters", "plugin"),                         # the public faces
+    ("launch",),                                         # the front doors
+    ("frameworks", "reliability", "recording"),          # what hooks into a run
+    ("rules",),                                          # synchronisation rules
+    ("core",),                                           # the training step
+    ("graphs", "exchangers"),                            # reading graphs; moving bytes
+    ("process",),                                        # one process's plumbing
+    ("options", "pluginmanager", "datasets", "files", "native"),
+    ("errors", "hookspecs", "version"),
+]
+
+
+def room(name):
+    """The entry of :data:`FLOORS` that module ``name`` belongs to."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_module_has_a_floor():
+    floors = {entry for floor in FLOORS for entry in floor}
+    assert {room(name) for name in modules()} <= floors, \
+        {room(name) for name in modules()} - floors
+
+
+def upward_imports(edges):
+    """``"a -> b"`` for every import in ``edges`` that does not point down."""
+    floor_of = {entry: k for k, floor in enumerate(FLOORS) for entry in floor}
+    return sorted("%s -> %s" % (name, target) for name, targets in edges.items()
+                  for target in targets if room(name) != room(target)
+                  and floor_of[room(target)] <= floor_of[room(name)])
+
+
+def test_imports_only_point_down():
+    upward = upward_imports(graph())
+    assert not upward, "imports that do not point down (see docs/architecture.md):\n" + \
+        "\n".join(upward)
+
+
+def test_the_direction_test_finds_an_import_up_or_beside():
+    edges = {"tmpi_adapters.core.session": {"tmpi_adapters.launch.cli",
+                                            "tmpi_adapters.core.function",
+                                            "tmpi_adapters.graphs.layout"},
+             "tmpi_adapters.reliability.plugin": {"tmpi_adapters.recording.plot"}}
+    assert upward_imports(edges) == [
+        "tmpi_adapters.core.session -> tmpi_adapters.launch.cli",
+        "tmpi_adapters.reliability.plugin -> tmpi_adapters.recording.plot"]
+
+
 def test_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

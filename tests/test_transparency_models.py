@@ -167,7 +167,7 @@ class _Rank:
 
 def _ranks(monkeypatch, job=None, exchanges="parameters"):
     from tmpi_adapters.frameworks.writes import FileWrites
-    from tmpi_adapters.launch.jobdir import JOB_DIR_ENV
+    from tmpi_adapters.process.jobdir import JOB_DIR_ENV
     if job is None:
         monkeypatch.delenv(JOB_DIR_ENV, raising=False)
     else:

@@ -28,9 +28,11 @@ try to rewrite it; :mod:`tmpi_adapters.testing` is rewritten as usual.)
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tmpi_adapters.version import __version__
+
+# Not typing.TYPE_CHECKING: every interpreter of the venv imports this
+# package (the start-up hook), and typing costs milliseconds to import.
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     # What the lazy names below are, for type checkers (never imported here).
@@ -87,6 +89,6 @@ def __getattr__(name: str) -> Any:
         module = importlib.import_module(module_name)
         return module if attribute is None else getattr(module, attribute)
     if name in _THEANO_MPI_RULES:
-        from tmpi_adapters.frameworks.theanompi.run import rule_class
+        from tmpi_adapters.launch.theanompi import rule_class
         return rule_class(name)
     raise AttributeError("module 'tmpi_adapters' has no attribute %r" % name)

@@ -86,7 +86,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from tmpi_adapters.bench.models import MODELS, build, generated_data
     from tmpi_adapters.core.session import Session
-    from tmpi_adapters.launch.runtime import import_theano_in_rank_order, mpi_rank_size
+    from tmpi_adapters.launch.runtime import import_theano_in_rank_order
+    from tmpi_adapters.process.rank import mpi_rank_size
     from tmpi_adapters.options import Options
     options = Options(framework="theano", seed=0, summary=False)
     rank, size = mpi_rank_size()

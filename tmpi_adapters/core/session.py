@@ -17,7 +17,7 @@ from tmpi_adapters.core.function import Call
 from tmpi_adapters.core.protocol import check_signatures, read_values, write_values
 from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.exchangers.envelope import Envelope
-from tmpi_adapters.launch import compat
+from tmpi_adapters.process import compat
 from tmpi_adapters.options import Options
 from tmpi_adapters.pluginmanager import get_plugin_manager, lookup
 from tmpi_adapters.core.timing import Recorder

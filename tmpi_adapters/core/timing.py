@@ -217,7 +217,7 @@ class Recorder:
             text += "; %g collective%s per step" % (count, "" if count == 1 else "s")
             if abs(mean_count - count) > 1e-9:
                 text += " (median; mean %.2f)" % mean_count
-        from tmpi_adapters.launch.threads import blas_threads
+        from tmpi_adapters.process.threads import blas_threads
         threads = blas_threads()
         if threads:
             text += "; %d BLAS thread%s per rank" % (threads, "" if threads == 1 else "s")

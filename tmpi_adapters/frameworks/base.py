@@ -6,28 +6,11 @@ import ast
 import re
 from typing import TYPE_CHECKING, Any
 
+from tmpi_adapters.process.compat import Patcher
+
 if TYPE_CHECKING:
     from tmpi_adapters.core.protocol import ModelProtocol, SharedVariable
     from tmpi_adapters.core.session import Session
-
-
-class Patcher:
-    """Replaces attributes and puts the originals back on :meth:`restore`."""
-
-    def __init__(self) -> None:
-        self._saved: list[tuple[object, str, Any]] = []
-
-    def patch(self, owner: object, name: str, value: object) -> Any:
-        """Set ``owner.name`` to ``value``; returns the original."""
-        original = getattr(owner, name)
-        self._saved.append((owner, name, original))
-        setattr(owner, name, value)
-        return original
-
-    def restore(self) -> None:
-        while self._saved:
-            owner, name, original = self._saved.pop()
-            setattr(owner, name, original)
 
 
 def imported_modules(source: str) -> set[str]:

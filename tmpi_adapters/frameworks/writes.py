@@ -83,8 +83,8 @@ import tempfile
 import threading
 
 from tmpi_adapters.frameworks.closing import layered
-from tmpi_adapters.launch.failure import is_library_frame
-from tmpi_adapters.launch.jobdir import job_dir
+from tmpi_adapters.process.failure import is_library_frame
+from tmpi_adapters.process.jobdir import job_dir
 
 #: tmpi's own files (its checkpoints, its records) are written by tmpi's rules.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
@@ -244,7 +244,7 @@ class FileWrites:
         yet are hooked when they are.  Called by every rank at the same point
         (the session's start): without a job directory, rank 0 hands out the
         name of the state directory."""
-        from tmpi_adapters.launch import compat
+        from tmpi_adapters.process import compat
         self._directory, self._own_directory, self._local_ranks = self._state_directory()
         patcher.patch(self, "installed", True)
         self._open = builtins.open

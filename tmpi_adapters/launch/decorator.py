@@ -119,15 +119,17 @@ def _run_distributed(main: Callable[_P, _R], args: tuple[Any, ...], kwargs: dict
                      framework: str | None,
                      rule: str, rule_options: Mapping[str, object] | None,
                      options: Mapping[str, Any]) -> _R | None:
-    from tmpi_adapters.launch import compat, failure, output, runtime
+    from tmpi_adapters.launch import runtime
+    from tmpi_adapters.process import compat, failure, output
+    from tmpi_adapters.process.rank import mpi_rank_size
     compat.apply()
     opts = _options(main, framework, rule, rule_options, options)
     from tmpi_adapters.reliability import preemption
     preemption.install(opts)
-    rank, size = runtime.mpi_rank_size()
+    rank, size = mpi_rank_size()
     output.route_output(opts, rank, size)
     from mpi4py import MPI
-    from tmpi_adapters.launch.threads import share_cores
+    from tmpi_adapters.process.threads import share_cores
     share_cores(MPI.COMM_WORLD)
     runtime.quiet_compile_lock(opts, size)
     from tmpi_adapters.core.session import Session

@@ -18,10 +18,10 @@ import tempfile
 
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.options import OPTIONS_ENV
-from tmpi_adapters.launch.jobdir import (JOB_DIR_ENV, JOB_DIR_PREFIX, LAUNCHER_HOST_ENV,
+from tmpi_adapters.process.jobdir import (JOB_DIR_ENV, JOB_DIR_PREFIX, LAUNCHER_HOST_ENV,
                                          LAUNCHER_PID_ENV, claim_job_dir, sweep_job_dirs)
 from tmpi_adapters.launch.target import as_target, find_module, target_argv
-from tmpi_adapters.launch.threads import THREAD_ENV, default_threads, limit_blas_threads
+from tmpi_adapters.process.threads import THREAD_ENV, default_threads, limit_blas_threads
 from tmpi_adapters.launch.restarts import Restarts
 from tmpi_adapters.launch.signals import Preemption, stopped_by_signals
 from tmpi_adapters.launch.watch import JobWatch, OutputRelay

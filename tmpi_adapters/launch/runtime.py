@@ -5,28 +5,23 @@
 ``TMPI_OPTIONS``).  The script runs as ``python SCRIPT`` would run it
 (:mod:`~tmpi_adapters.launch.target`): same ``sys.argv``, same ``sys.path``,
 and its exit status is the rank's.  Its output goes where
-:mod:`~tmpi_adapters.launch.output` says; a failure ends the job as
-:mod:`~tmpi_adapters.launch.failure` says.
+:mod:`~tmpi_adapters.process.output` says; a failure ends the job as
+:mod:`~tmpi_adapters.process.failure` says.
 """
 import os
 import socket
 import sys
 
-from tmpi_adapters.launch import compat
-from tmpi_adapters.launch.failure import (end_after_failure, end_preempted, end_quietly,
-                                          ends_cleanly, finish_after_failure)
-from tmpi_adapters.launch.jobdir import mark
-from tmpi_adapters.launch.output import flush_partial_lines, route_output
-from tmpi_adapters.launch.target import (exit_status, parse_argv, run_target,
-                                         take_decorator_options, target_file, as_python_runs,
-                                         detect_framework)
+from tmpi_adapters.launch.target import (as_python_runs, detect_framework, parse_argv,
+                                         run_target, take_decorator_options, target_file)
 from tmpi_adapters.options import Options
+from tmpi_adapters.process import compat
+from tmpi_adapters.process.failure import (end_after_failure, end_preempted, end_quietly,
+                                           ends_cleanly, exit_status, finish_after_failure)
+from tmpi_adapters.process.jobdir import mark
+from tmpi_adapters.process.output import flush_partial_lines, route_output
+from tmpi_adapters.process.rank import mpi_rank_size
 from tmpi_adapters.reliability import preemption
-
-
-def mpi_rank_size():
-    from mpi4py import MPI
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
 def quiet_compile_lock(options, size):

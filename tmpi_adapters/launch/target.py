@@ -219,13 +219,6 @@ def as_python_runs(target, args):
         sys.path[:] = saved_path
 
 
-def exit_status(code):
-    """The process status ``sys.exit(code)`` gives (a message is status 1)."""
-    if code is None:
-        return 0
-    return code if isinstance(code, int) else 1
-
-
 def run_target(target):
     """Run ``target`` as ``__main__`` (inside :func:`as_python_runs`); returns
     ``None`` when it returned, the ``SystemExit`` that ended it otherwise."""

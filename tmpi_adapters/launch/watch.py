@@ -17,9 +17,9 @@ import sys
 import threading
 import time
 
-from tmpi_adapters.launch.jobdir import (belongs_to_job, has_mark, process_alive, rank_file,
+from tmpi_adapters.process.jobdir import (belongs_to_job, has_mark, process_alive, rank_file,
                                          read_progress, read_ranks)
-from tmpi_adapters.launch.output import RELAY_FILE
+from tmpi_adapters.process.output import RELAY_FILE
 from tmpi_adapters.launch.signals import signals_ignored
 from tmpi_adapters.reliability.preemption import PREEMPTED
 
@@ -110,7 +110,7 @@ class OutputRelay:
     Through ``mpiexec`` ranks' lines interleave mid-line once they pass its
     64 KiB pieces, and output below Python (C code, ``sys.stdout.buffer``)
     could not be prefixed.  Ranks on other machines find no pipe and
-    prefix their own lines (:func:`~tmpi_adapters.launch.output.route_output`).
+    prefix their own lines (:func:`~tmpi_adapters.process.output.route_output`).
     """
 
     #: Seconds the relay waits, once the job has ended, for the last bytes.
@@ -202,7 +202,7 @@ class JobWatch:
         #: crashed or vanished), in words; ``None`` for any other end.
         self.failure = None
         #: Rank 0's training step when the job ended
-        #: (:class:`~tmpi_adapters.launch.jobdir.Progress`).
+        #: (:class:`~tmpi_adapters.process.jobdir.Progress`).
         self.progress = 0
         #: The job's exit status, once it ended.
         self.status = None

@@ -124,7 +124,7 @@ class NonFiniteGuard:
         self.skipped += 1
         self.consecutive += 1
         if self.session.rank == 0:
-            from tmpi_adapters.launch.output import report
+            from tmpi_adapters.process.output import report
             report("tmpi: skipped %s (--nonfinite skip; %d skipped so far)."
                    % (text.replace("non-finite gradient in step", "step", 1)
                       .replace(" after the exchange:", ": non-finite gradient,", 1),

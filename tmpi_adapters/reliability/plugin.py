@@ -19,7 +19,7 @@ the job with status 75 (:mod:`~tmpi_adapters.reliability.preemption`).
 The pieces live in :mod:`~tmpi_adapters.reliability.watchdog` (heartbeats and
 stall reports), :mod:`~tmpi_adapters.reliability.checkpoint` (checkpoint files,
 exact resume by replay) and :mod:`~tmpi_adapters.reliability.nonfinite`;
-failed and killed ranks are handled by :mod:`~tmpi_adapters.launch.failure`
+failed and killed ranks are handled by :mod:`~tmpi_adapters.process.failure`
 and :mod:`~tmpi_adapters.launch.watch`, restarts by
 :mod:`~tmpi_adapters.launch.restarts`.
 """
@@ -280,7 +280,7 @@ def _leaving(error):
     from tmpi_adapters.reliability.preemption import Preempted
     if not isinstance(error, SystemExit) or isinstance(error, Preempted):
         return None  # a preempted rank 0 ends the job itself
-    from tmpi_adapters.launch.target import exit_status
+    from tmpi_adapters.process.failure import exit_status
     from tmpi_adapters.reliability.watchdog import where_in_script
     status = exit_status(error.code)
     if not status:

@@ -49,7 +49,7 @@ def format_ranks(ranks):
 
 def where_in_script(frame, limit=64):
     """``"train.py:57 in main: loss = train_fn(x, y)"`` for the innermost user frame."""
-    from tmpi_adapters.launch.failure import is_library_frame
+    from tmpi_adapters.process.failure import is_library_frame
     depth = 0
     while frame is not None and depth < limit:
         code = frame.f_code
@@ -331,7 +331,7 @@ class Watchdog:
             while not self._stop.wait(self.interval):
                 self.tick()
         except Exception as error:  # noqa: B902 - the watchdog must never kill a rank
-            from tmpi_adapters.launch.output import report
+            from tmpi_adapters.process.output import report
             report("tmpi: watchdog of rank %d stopped: %s: %s"
                    % (self.rank, type(error).__name__, error))
 
@@ -398,8 +398,8 @@ class Watchdog:
         statuses = {r: self.statuses.get(r) for r in range(self.size)}
         statuses[self.rank] = mine
         text = stall_report(statuses, self.rank, now, self.interval, self.on_stall_action)
-        from tmpi_adapters.launch.jobdir import mark
-        from tmpi_adapters.launch.output import report
+        from tmpi_adapters.process.jobdir import mark
+        from tmpi_adapters.process.output import report
         report(text)
         if self.on_stall_action == "abort":
             mark(self.rank, "failed", "StallError")
@@ -430,8 +430,8 @@ class Watchdog:
         apart[self.rank] = ours["description"]
         from tmpi_adapters.errors import LockstepError
         from tmpi_adapters.exchangers.envelope import mismatch_message
-        from tmpi_adapters.launch.jobdir import mark
-        from tmpi_adapters.launch.output import report
+        from tmpi_adapters.process.jobdir import mark
+        from tmpi_adapters.process.output import report
         text = "tmpi: error: %s" % mismatch_message(apart, self.rank)
         report(text)
         mark(self.rank, "failed", text)
@@ -466,8 +466,8 @@ class Watchdog:
             lines.append("  rank %d: %s" % (rank, describe_status(
                 statuses[rank], time.time(), self.interval)))
         text = "\n".join(lines)
-        from tmpi_adapters.launch.jobdir import mark
-        from tmpi_adapters.launch.output import report
+        from tmpi_adapters.process.jobdir import mark
+        from tmpi_adapters.process.output import report
         running = [r for r in range(self.size) if r not in departed]
         if self.rank == min(running):
             report(text)
@@ -477,7 +477,7 @@ class Watchdog:
 
     # -- the launching process ------------------------------------------------------------
     def _launcher_to_watch(self):
-        from tmpi_adapters.launch.jobdir import LAUNCHER_HOST_ENV, LAUNCHER_PID_ENV
+        from tmpi_adapters.process.jobdir import LAUNCHER_HOST_ENV, LAUNCHER_PID_ENV
         pid, host = os.environ.get(LAUNCHER_PID_ENV), os.environ.get(LAUNCHER_HOST_ENV)
         if not pid or host != socket.gethostname():
             return None  # another machine's process cannot be checked from here
@@ -487,12 +487,12 @@ class Watchdog:
             return None
 
     def _launcher_alive(self):
-        from tmpi_adapters.launch.jobdir import process_alive
+        from tmpi_adapters.process.jobdir import process_alive
         return process_alive(self.launcher)
 
     def _launcher_gone(self):
-        from tmpi_adapters.launch.jobdir import mark
-        from tmpi_adapters.launch.output import report
+        from tmpi_adapters.process.jobdir import mark
+        from tmpi_adapters.process.output import report
         if self.rank == 0 or self.size == 1:
             report("tmpi: the tmpi process that launched this job (pid %d) is gone; "
                    "ending the job." % self.launcher)

@@ -53,7 +53,7 @@ from tmpi_adapters.frameworks.blocks.monitoring import (MonitoringShares, buffer
                                                         buffer_layout)
 from tmpi_adapters.frameworks.theano import TheanoAdapter
 from tmpi_adapters.frameworks.writes import is_path
-from tmpi_adapters.launch import compat
+from tmpi_adapters.process import compat
 from tmpi_adapters.pluginmanager import hookimpl
 
 

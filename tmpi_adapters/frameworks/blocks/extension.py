@@ -130,9 +130,10 @@ class Distributed:
         self.session = session
 
     def _start_session(self):
-        from tmpi_adapters.launch import output, runtime
+        from tmpi_adapters.process import output
+        from tmpi_adapters.process.rank import mpi_rank_size
         from tmpi_adapters.core.session import Session
-        rank, size = runtime.mpi_rank_size()
+        rank, size = mpi_rank_size()
         output.route_output(self.options, rank, size)
         session = Session(self.options, script=sys.argv[0] if sys.argv else None).start()
         self._owns_session = True
@@ -146,7 +147,7 @@ class Distributed:
             session.finish()
 
     def _fail(self, error):
-        from tmpi_adapters.launch import failure
+        from tmpi_adapters.process import failure
         session, self.session = self.session, None
         if session is None:
             return

@@ -57,7 +57,7 @@ from tmpi_adapters.frameworks.keras.step import KerasEvaluation, KerasStep, agre
 from tmpi_adapters.frameworks.keras.writers import patch_writers
 from tmpi_adapters.frameworks.random_streams import random_rows
 from tmpi_adapters.frameworks.theano import TheanoAdapter
-from tmpi_adapters.launch import compat
+from tmpi_adapters.process import compat
 
 
 class KerasAdapter(TheanoAdapter):

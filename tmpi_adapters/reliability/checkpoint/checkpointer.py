@@ -32,8 +32,8 @@ import time
 
 from tmpi_adapters.errors import CheckpointError
 from tmpi_adapters.files import write_atomic
-from tmpi_adapters.launch.jobdir import Progress, job_dir, mark
-from tmpi_adapters.launch.output import report
+from tmpi_adapters.process.jobdir import Progress, job_dir, mark
+from tmpi_adapters.process.output import report
 from tmpi_adapters.pluginmanager import hookimpl
 from tmpi_adapters.reliability import preemption
 from tmpi_adapters.reliability.checkpoint.calllog import CallLog, fingerprint

@@ -105,7 +105,7 @@ def read_bytes(path):
 
 def remove_stale_partials(directory):
     """Delete the partial checkpoint files of writers that died mid-write."""
-    from tmpi_adapters.launch.jobdir import process_alive
+    from tmpi_adapters.process.jobdir import process_alive
     try:
         names = os.listdir(directory)
     except OSError:

@@ -25,12 +25,12 @@ class TheanoStreams:
                ("theano.sandbox.rng_mrg", "MRG_RandomStreams"))
 
     def __init__(self):
-        from tmpi_adapters.frameworks.base import Patcher
+        from tmpi_adapters.process.compat import Patcher
         self.streams = []
         self.patcher = Patcher()
 
     def install(self):
-        from tmpi_adapters.launch import compat
+        from tmpi_adapters.process import compat
         for module, name in self.CLASSES:
             compat.when_imported(module, lambda m, name=name: self._track(getattr(m, name)))
 

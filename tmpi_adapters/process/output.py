@@ -9,7 +9,7 @@ import os
 import sys
 
 from tmpi_adapters.errors import TmpiError
-from tmpi_adapters.launch.jobdir import job_dir, rank_file
+from tmpi_adapters.process.jobdir import job_dir, rank_file
 
 
 #: The stderr that failures are reported on, even when a rank's own stderr

@@ -17,6 +17,8 @@ in one of two ways, never by importing ``tmpi_adapters``:
 This module imports nothing but the standard library: the start-up hook
 runs in every interpreter of the environment.
 """
+from __future__ import annotations
+
 import collections
 import collections.abc
 import importlib.abc
@@ -24,6 +26,11 @@ import importlib.util
 import os
 import sys
 import types
+
+# Types are for type checkers: the start-up hook imports nothing it need not.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["apply", "install", "theano_flags", "when_imported", "before_import"]
 
@@ -39,6 +46,27 @@ DEFAULT_THEANO_FLAGS = {
     # Theano's compile lock; its default retry sleeps 5-10 s, this one 1-2 s.
     "compile.wait": "1",
 }
+
+
+class Patcher:
+    """Replaces attributes and puts the originals back on :meth:`restore`: how
+    tmpi patches a library, for a shim or for the length of a run (a framework
+    adapter's hooks, the generators a checkpoint tracks)."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[object, str, Any]] = []
+
+    def patch(self, owner: object, name: str, value: object) -> Any:
+        """Set ``owner.name`` to ``value``; returns the original."""
+        original = getattr(owner, name)
+        self._saved.append((owner, name, original))
+        setattr(owner, name, value)
+        return original
+
+    def restore(self) -> None:
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            setattr(owner, name, original)
 
 
 def theano_flags(env=None, **extra):
@@ -318,7 +346,7 @@ def install():
 #: The start-up hook's file name and its one line: site runs ``.pth`` lines
 #: that start with ``import``; a tmpi that was uninstalled is passed over.
 STARTUP_HOOK = "tmpi_adapters_shims.pth"
-STARTUP_LINE = ("import sys; exec('try:\\n import tmpi_adapters.launch.compat as c\\n "
+STARTUP_LINE = ("import sys; exec('try:\\n import tmpi_adapters.process.compat as c\\n "
                 "c.install()\\nexcept ImportError:\\n pass')\n")
 
 
@@ -339,4 +367,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--install-startup-hook"]:
         print("wrote %s" % install_startup_hook())
     else:
-        sys.exit("usage: python -m tmpi_adapters.launch.compat --install-startup-hook")
+        sys.exit("usage: python -m tmpi_adapters.process.compat --install-startup-hook")

@@ -1,4 +1,6 @@
-"""``tmpi run`` and the Theano-MPI style Python API, for Theano-MPI model files.
+"""``tmpi run`` and the Theano-MPI style Python API, for Theano-MPI model files:
+the front door of users of Theano-MPI (the adapter is
+:mod:`tmpi_adapters.frameworks.theanompi`).
 
 Command line (a Theano-MPI ``launch_session.cfg`` works unchanged)::
 
@@ -19,7 +21,7 @@ import subprocess
 import sys
 
 from tmpi_adapters.errors import ConfigError, TmpiError
-from tmpi_adapters.launch.cli import add_run_arguments, check_choices, options_from_args
+from tmpi_adapters.launch.arguments import add_run_arguments, check_choices, options_from_args
 
 #: Theano-MPI's rule names and ours.
 RULES = {"BSP": "bsp", "EASGD": "easgd", "GOSGD": "gosgd", "ASGD": "asgd"}
@@ -40,7 +42,8 @@ CONFIG_KEYS = ("RULE", "MODELFILE", "MODELCLASS", "DEVICES", "BSP_SYNC_TYPE",
 
 #: The training loop every rank runs, started by path as the session's script
 #: (:mod:`tmpi_adapters.frameworks.theanompi.driver`).
-DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "driver.py")
+DRIVER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "frameworks", "theanompi", "driver.py")
 
 
 def read_config(path):

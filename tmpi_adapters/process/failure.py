@@ -10,8 +10,8 @@ import time
 import traceback
 
 from tmpi_adapters.errors import TmpiError
-from tmpi_adapters.launch.jobdir import job_dir, mark
-from tmpi_adapters.launch.output import flush_partial_lines, report
+from tmpi_adapters.process.jobdir import job_dir, mark
+from tmpi_adapters.process.output import flush_partial_lines, report
 
 #: Under a bare ``mpiexec`` (no ``tmpi wrap`` gathering reports) a failing
 #: rank other than 0 waits this long before it reports: when rank 0 fails
@@ -166,3 +166,10 @@ def end_quietly(session, error, rank):
     finish_after_failure(session, error)
     if rank == 0:
         report("tmpi: %s" % error)
+
+
+def exit_status(code):
+    """The process status ``sys.exit(code)`` gives (a message is status 1)."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1

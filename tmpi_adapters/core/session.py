@@ -145,7 +145,10 @@ class Session:
         self.started = True
         self.pm.hook.tmpi_session_start(session=self)
         # Plugins register their per-run objects in tmpi_session_start.
-        self.observes_calls = len(self.pm.hook.tmpi_call.get_hookimpls()) > 1
+        # Calls go through tmpi_call only when a plugin besides the built-in
+        # runner (core/function.py, which just runs them) implements it.
+        self.observes_calls = any(impl.plugin_name != Call.__module__
+                                  for impl in self.pm.hook.tmpi_call.get_hookimpls())
         self._after_exchange = bool(self.pm.hook.tmpi_after_exchange.get_hookimpls())
         return self
 

@@ -66,6 +66,14 @@ class Job:
             text, self.process.poll(), "".join(self.stdout)[-3000:],
             "".join(self.stderr)[-3000:]))
 
+    def wait_for_checkpoint(self, directory, timeout=START_TIMEOUT):
+        """Wait until a checkpoint file is in ``directory``; fail the test if none comes."""
+        deadline = time.monotonic() + timeout
+        while not checkpoints(directory) and time.monotonic() < deadline and \
+                self.process.poll() is None:
+            time.sleep(0.02)
+        assert checkpoints(directory), "no checkpoint appeared: %s" % "".join(self.stderr)
+
     def processes(self):
         """``{pid: environment}`` of every live process carrying this job's token."""
         marker = ("%s=%s" % (TOKEN_ENV, self.token)).encode()
@@ -110,6 +118,12 @@ class Job:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def checkpoints(directory):
+    """The checkpoint files in ``directory``, oldest first."""
+    return sorted(p for p in os.listdir(directory) if p.endswith(".tmpi")) \
+        if os.path.isdir(directory) else []
 
 
 def own_lines(stderr):

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import EXAMPLES, ROOT, assert_close, check, final_numbers, tmpi
-from test_reliability import START_TIMEOUT, Job, own_lines
+from test_reliability import Job, checkpoints, own_lines
 
 MLP = EXAMPLES / "theano_mlp" / "train.py"
 # Long enough (1200 steps) that the run is still going when it is killed after
@@ -27,22 +27,13 @@ def epoch_lines(stdout):
     return [line.rsplit("(", 1)[0] for line in stdout.splitlines() if line.startswith("epoch")]
 
 
-def checkpoints(directory):
-    return sorted(p for p in os.listdir(directory) if p.endswith(".tmpi")) \
-        if os.path.isdir(directory) else []
-
-
 @pytest.mark.mpi
 def test_killed_run_resumes_to_the_uninterrupted_result_on_2_and_on_1_rank(tmp_path):
     directory = tmp_path / "checkpoints"
     job = Job("wrap", "-n", "2", "--checkpoint-dir", directory, "--checkpoint-every", "1epochs",
               MLP, *LONG)
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not checkpoints(directory) and time.monotonic() < deadline and \
-                job.process.poll() is None:
-            time.sleep(0.02)
-        assert checkpoints(directory), "no checkpoint appeared: %s" % "".join(job.stderr)
+        job.wait_for_checkpoint(directory)
         os.kill(job.rank_pid(1), signal.SIGKILL)
         code, interrupted, stderr = job.finish()
     finally:

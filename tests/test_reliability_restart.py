@@ -14,7 +14,7 @@ import pytest
 
 from conftest import EXAMPLES, SCRIPTS, TMPI, assert_close, check, final_numbers, mpiexec, \
     rank_env, tmpi
-from test_reliability import START_TIMEOUT, Job, own_lines
+from test_reliability import START_TIMEOUT, Job, checkpoints, own_lines
 from test_reliability_input import refused_here
 
 MLP = EXAMPLES / "theano_mlp" / "train.py"
@@ -24,22 +24,13 @@ CRASH = SCRIPTS / "reliability_crash.py"
 STEPS = "12000"
 
 
-def checkpoints(directory):
-    return sorted(p for p in os.listdir(directory) if p.endswith(".tmpi")) \
-        if os.path.isdir(directory) else []
-
-
 def killed_once(directory, *args, env=None, stays_down=None):
     """``tmpi wrap ARGS`` with rank 1 killed (SIGKILL) once the first
     checkpoint is in ``directory`` (after ``stays_down`` is created, if
     given); ``(status, stdout, stderr)`` of the whole job, restarts included."""
     job = Job("wrap", *args, env=env)
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not checkpoints(directory) and time.monotonic() < deadline and \
-                job.process.poll() is None:
-            time.sleep(0.02)
-        assert checkpoints(directory), "no checkpoint appeared: %s" % "".join(job.stderr)
+        job.wait_for_checkpoint(directory)
         if stays_down is not None:
             stays_down.touch()
         os.kill(job.rank_pid(1), signal.SIGKILL)

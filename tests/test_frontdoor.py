@@ -435,3 +435,14 @@ def test_ranks_retry_the_compile_lock_every_second_unless_the_user_says_otherwis
     script.write_text("import theano\nprint('wait', theano.config.compile.wait)\n")
     result = check(tmpi("wrap", "-n", "2", "--all-ranks-output", script, env=pure_env()))
     assert result.stdout.count("wait 1") == 2, result.stdout
+
+
+def test_the_framework_of_a_script_is_read_from_the_modules_beside_it_that_it_imports(tmp_path):
+    # A two-line runner of a tutorial's module: `import mlp; mlp.test_mlp(n_epochs=3)`.
+    from tmpi_adapters.launch.target import detect_framework
+    (tmp_path / "model.py").write_text("import lasagne\n")
+    (tmp_path / "other.py").write_text("import keras\n")  # not imported by the runner
+    (tmp_path / "run.py").write_text("import os\nimport model\nmodel.main()\n")
+    assert detect_framework(str(tmp_path / "run.py")) == "lasagne"
+    (tmp_path / "alone.py").write_text("import os\n")
+    assert detect_framework(str(tmp_path / "alone.py")) is None

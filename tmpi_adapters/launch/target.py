@@ -96,7 +96,9 @@ def apply_declared(options, declared, explicit):
 def detect_framework(target, pm=None):
     """The framework a script (a path) or module (``("module", name)``) uses,
     from the ``tmpi_detect_framework`` hook; a module inside a package is read
-    with its package's other modules (its ``__main__`` often only imports them)."""
+    with its package's other modules (its ``__main__`` often only imports
+    them), a script with the modules beside it that it imports (a two-line
+    ``import mlp; mlp.test_mlp()``)."""
     from tmpi_adapters.pluginmanager import get_plugin_manager
     pm = pm or get_plugin_manager()
     kind, name = as_target(target)
@@ -107,7 +109,7 @@ def detect_framework(target, pm=None):
             return None
         files = _package_files(path) if in_package else [path]
     else:
-        path, files = name, [name]
+        path, files = name, [name] + _imported_neighbours(name)
     sources = []
     for file in files:
         try:
@@ -118,6 +120,19 @@ def detect_framework(target, pm=None):
     if not sources:
         return None
     return pm.hook.tmpi_detect_framework(source="\n".join(sources), path=path)
+
+
+def _imported_neighbours(script):
+    """The modules in ``script``'s directory that it imports (first level)."""
+    from tmpi_adapters.frameworks.base import imported_modules
+    try:
+        with open(script, encoding="utf-8", errors="replace") as handle:
+            names = imported_modules(handle.read())
+    except OSError:
+        return []
+    directory = os.path.dirname(os.path.abspath(script))
+    found = [os.path.join(directory, name + ".py") for name in sorted(names) if "." not in name]
+    return [path for path in found if os.path.isfile(path)]
 
 
 def _package_files(path, most=100):

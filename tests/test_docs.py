@@ -3,7 +3,6 @@ are commands tmpi takes: read with tmpi's own parser, tmpi's options before
 the script, nothing of tmpi's handed to the script by mistake."""
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 

@@ -85,12 +85,59 @@ def test_batch_size_of_a_reshape_is_read_on_the_first_call():
 
 
 @pytest.mark.mpi
-def test_batch_size_that_cannot_be_told_apart_is_a_clear_error():
-    result = tmpi("wrap", "-n", "2", "--framework", "theano", FIXED, "ambiguous",
-                  env=python_env())
-    assert result.returncode != 0
-    assert "writes the batch size 4 in a Reshape to (2, 4, 4, 4)" in result.stderr
+def test_reshape_that_merges_rows_follows_shares_it_divides_and_stops_on_others():
+    one, two = wrap(1, FIXED, "merged"), wrap(2, FIXED, "merged")
+    assert_same_numbers(two, one, ("merged_cost", "merged_norms"))
+    result = tmpi("wrap", "-n", "3", "--framework", "theano", FIXED, "merged", env=python_env())
+    assert result.returncode != 0 and "final merged_cost" not in result.stdout
+    assert "the reshape to the constant shape (2, 4, 4, 4) made at transparency_fixed.py:" \
+        in result.stderr
+    assert "holds 2 rows, which a rank's share of 1 rows does not divide" in result.stderr
     assert "--scaling weak" in result.stderr and "Traceback" not in result.stderr
+
+
+COINCIDENCE = SCRIPTS / "batch_coincidence.py"
+#: Cases that write the batch size in for real, or whose reshape no share (or
+#: no reading of its sizes) can follow: a clear error on N ranks is right.
+MAY_STOP = {"arange_of_the_batch", "scan_state_of_the_batch", "tile_of_the_batch",
+            "zeros_of_the_batch", "reshape_transposed", "reshape_rows_merged"}
+
+
+def coincidences(stdout):
+    found = {}
+    for line in stdout.splitlines():
+        head, _, rest = line.partition(" ")
+        if head in ("final", "error"):
+            case, _, value = rest.partition(" ")
+            found[case] = (head, value)
+    return found
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("batch", [12, 10])
+def test_sizes_equal_to_the_batch_or_a_share_give_the_one_process_numbers_or_stop(batch):
+    """Generated graphs whose widths, reshape targets, constant tensors, scan
+    states and sequence lengths coincide with the batch size or a rank's
+    share: N ranks give the one-process numbers, or end the case with an
+    error that names the node and where the script made it; never a
+    different number."""
+    one = coincidences(wrap(1, COINCIDENCE, str(batch)).stdout)
+    assert len(one) == 19 and all(head == "final" for head, _ in one.values()), one
+    for n in (2, 3):
+        many = coincidences(wrap(n, COINCIDENCE, str(batch)).stdout)
+        assert set(many) == set(one)
+        for case, (head, value) in many.items():
+            if head == "final":
+                assert_close([float(v) for v in value.split()],
+                             [float(v) for v in one[case][1].split()], 1e-10)
+                continue
+            assert case in MAY_STOP, (n, case, value)
+            assert "made at batch_coincidence.py:" in value and "--scaling weak" in value, value
+        stopped = {case for case, (head, _) in many.items() if head == "error"}
+        # What writes the batch size in for real stops (zeros: Theano's
+        # optimizer drops the added zeros, so it trains and must match).
+        assert {"arange_of_the_batch", "scan_state_of_the_batch", "tile_of_the_batch"} \
+            <= stopped, (n, stopped)
 
 
 @pytest.mark.mpi
@@ -179,16 +226,52 @@ def test_returned_values_are_classified_from_the_graph():
 def test_reshape_to_the_batch_size_follows_each_call():
     import theano
     import theano.tensor as T
-    from tmpi_adapters.graphs.fixedbatch import find, rebuild
+    from tmpi_adapters.graphs.fixedbatch import decide, find, rebuild
     x = T.matrix("x")
     out = (x.reshape((6, 2, 2)) ** 2).sum(axis=(1, 2))
     found = find([out], [x])
-    assert [shape for _, shape in found.reshapes] == [[6, 2, 2]] and found.batch is None
-    [rebuilt] = rebuild([out], 6, x.shape[0], [x])
+    [(label, (node, shape))] = found.reshapes.items()
+    assert shape == (6, 2, 2) and not found.convs
+    rewrite = decide("the reshape", shape, [6, 3, 2], [(6, 4), (3, 4), (2, 4)])
+    assert (rewrite.axis, rewrite.num, rewrite.den) == (0, 1, 1)
+    [rebuilt] = rebuild([out], {label: rewrite}, x.shape[0], [x])
     f = theano.function([x], rebuilt, mode=theano.compile.Mode(linker="py"))
     data = np.arange(24.0).reshape(6, 4)
     for lo, hi in ((0, 6), (0, 3), (3, 5), (0, 1)):
         assert np.allclose(f(data[lo:hi]), (data[lo:hi] ** 2).sum(axis=1))
+
+
+@pytest.mark.parametrize("target, shapes, expected", [
+    # A width equal to the batch size, the rows on the -1: nothing to rebuild.
+    ((-1, 4), [(4, 8), (2, 8)], None),
+    # The same written as constants: the rows are axis 0's, two entries each.
+    ((8, 4), [(4, 8), (2, 8)], (0, 2, 1)),
+    # Time-major (time, batch, features) merged into rows: time entries each.
+    ((12, 5), [(3, 4, 5), (3, 2, 5)], (0, 3, 1)),
+    # Input not following the batch (a parameter's reshape): left alone.
+    ((4, 4), [(16,), (16,)], None),
+])
+def test_reshape_rewrites_are_read_from_the_sizes(target, shapes, expected):
+    from tmpi_adapters.graphs.fixedbatch import decide
+    rewrite = decide("r", target, [4, 2], shapes)
+    assert (None if rewrite is None else (rewrite.axis, rewrite.num, rewrite.den)) == expected
+
+
+@pytest.mark.parametrize("target, sizes, shapes, why", [
+    ((4, 18), [4, 2], [(4, 9, 2), (2, 7, 2)], "axes [0, 1] of it all change"),
+    ((5, 9), [4, 3], [(5, 9), (4, 9)], "not proportional to the rows"),
+    ((2, 18), [4, 3], [(4, 9), (3, 9)], "holds 2 rows, which a rank's share of 3 rows"),
+    ((3, 12), [4, 2], [(4, 9), (2, 9)], "part of one row and part of another"),
+    ((9, 4), [4, 2], [(4, 9), (2, 9)], "part of one row and part of another"),
+    # A (features, batch) tensor flattened: rows may be inner or outer entries.
+    ((2, -1), [4, 2], [(8,), (4,)], "in an order tmpi cannot tell"),
+])
+def test_reshapes_no_share_can_follow_are_refused(target, sizes, shapes, why):
+    from tmpi_adapters.errors import ConfigError
+    from tmpi_adapters.graphs.fixedbatch import decide
+    with pytest.raises(ConfigError) as error:
+        decide("the reshape", target, sizes, shapes)
+    assert why in str(error.value) and "--scaling weak" in str(error.value)
 
 
 def test_batches_split_along_their_batch_axis_and_empty_batches_count_once():

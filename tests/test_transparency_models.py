@@ -113,6 +113,15 @@ def test_keras_sum_and_mean_metrics_match_one_process(keras_runs):
 
 
 @pytest.mark.mpi
+def test_keras_recurrent_model_with_widths_equal_to_the_batch_matches_one_process():
+    """LSTM, GRU, SimpleRNN, RepeatVector and TimeDistributed, every width the
+    batch size: TimeDistributed's reshape to (-1, 12) is not the batch's."""
+    one = finals(wrap(1, "--seed", 0, KERAS, "recurrent").stdout)
+    for ranks in (2, 3):
+        assert_same(finals(wrap(ranks, "--seed", 0, KERAS, "recurrent").stdout), one)
+
+
+@pytest.mark.mpi
 def test_keras_noise_layers_match_one_process(keras_runs):
     assert_same(part(keras_runs[2][0], "noise"), part(keras_runs[1][0], "noise"))
 

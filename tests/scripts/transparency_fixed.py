@@ -1,6 +1,6 @@
 """Graphs that write the batch size in, as the Theano tutorials' LeNet does.
 
-    python transparency_fixed.py conv|reshape|ambiguous
+    python transparency_fixed.py conv|reshape|merged
 
 ``conv``       the LeNet pattern in small: datasets in shared variables sliced
                through ``givens``, ``x.reshape((batch_size, 1, 8, 8))``, a
@@ -8,8 +8,9 @@
                pooling, a softmax layer; a validation function on the same graph;
 ``reshape``    numpy minibatches and ``x.reshape((batch_size, 4, 4))`` only (no
                declared input shape: the batch size is the first call's);
-``ambiguous``  a reshape to ``(2, 4, 4, 4)`` with batch size 4: which axis is the
-               batch cannot be told (a clear error on more than one rank).
+``merged``     a reshape to ``(2, 4, 4, 4)`` with batch size 4: each entry of axis 0
+               holds two rows (2 ranks run one entry each; on 3 ranks a share of
+               one row cannot follow it: a clear error).
 
 Prints ``final <mode>_<what> ...`` lines with 17 significant digits.
 """
@@ -78,14 +79,15 @@ def reshape(batch_size=8):
     print("final reshape_norms %s" % norms([W, V]))
 
 
-def ambiguous():
+def merged():
     data = rng.standard_normal((4, 32)).astype(floatX)
     x = T.matrix("x")
     W = shared(4, 3, name="W")
     cost = T.sqr(T.dot(x.reshape((2, 4, 4, 4)), W)).mean()
     train = theano.function([x], cost, updates=sgd(cost, [W]))
-    print("final ambiguous_cost %.17g" % train(data))
+    print("final merged_cost %.17g" % train(data))
+    print("final merged_norms %s" % norms([W]))
 
 
 if __name__ == "__main__":
-    {"conv": conv, "reshape": reshape, "ambiguous": ambiguous}[sys.argv[1]]()
+    {"conv": conv, "reshape": reshape, "merged": merged}[sys.argv[1]]()

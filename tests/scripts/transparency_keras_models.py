@@ -8,6 +8,10 @@
     ``GaussianNoise``, ``Dropout`` and ``GaussianDropout`` layers.
 ``targets``
     targets given as a ``K.variable`` (``compile(target_tensors=...)``).
+``recurrent``
+    a sequence-to-sequence model as Keras' ``addition_rnn.py`` builds it
+    (``LSTM`` encoder, ``RepeatVector``, ``GRU`` and ``SimpleRNN`` decoders,
+    ``TimeDistributed(Dense)``), whose widths are the batch size: 12.
 ``files``
     a model saved and loaded back at a fixed path (``ModelCheckpoint``,
     ``CSVLogger``, ``save``/``load_model``), and weights saved to a
@@ -25,7 +29,8 @@ import numpy as np
 import keras
 from keras import backend as K
 from keras import metrics
-from keras.layers import Dense, Dropout, GaussianDropout, GaussianNoise, Input
+from keras.layers import (GRU, LSTM, Dense, Dropout, GaussianDropout, GaussianNoise, Input,
+                          RepeatVector, SimpleRNN, TimeDistributed)
 from keras.models import Model, Sequential, load_model
 
 parser = argparse.ArgumentParser()
@@ -98,6 +103,24 @@ def targets_case():
     show("targets", "weights", weights_of(model))
 
 
+def recurrent_case():
+    sequences = rng.rand(25, 4, 3)
+    answers = np.eye(5)[rng.randint(0, 5, (25, 3))]
+    model = Sequential([
+        LSTM(12, input_shape=(4, 3), kernel_initializer=init(7)), RepeatVector(3),
+        GRU(12, return_sequences=True, kernel_initializer=init(8)),
+        SimpleRNN(12, return_sequences=True, kernel_initializer=init(9)),
+        TimeDistributed(Dense(5, activation="softmax", kernel_initializer=init(10))),
+    ])
+    model.compile("adam", "categorical_crossentropy", metrics=["accuracy"])
+    history = model.fit(sequences, answers, batch_size=12, epochs=2, verbose=0, shuffle=False,
+                        validation_data=(sequences[:13], answers[:13]))
+    for key in sorted(history.history):
+        show("recurrent", key, history.history[key])
+    show("recurrent", "predict", model.predict(sequences[:5]))
+    show("recurrent", "weights", weights_of(model))
+
+
 def files_case():
     model = Sequential([Dense(2, input_shape=(5,), kernel_initializer=init(6))])
     model.compile(keras.optimizers.SGD(0.1), "mse")
@@ -121,4 +144,4 @@ def files_case():
 
 for case in args.cases.split(","):
     {"metrics": metrics_case, "noise": noise_case, "targets": targets_case,
-     "files": files_case}[case]()
+     "files": files_case, "recurrent": recurrent_case}[case]()

@@ -84,10 +84,12 @@ class DistributedFunction:
         The function returns one value, not a list.
     combiner : tmpi_adapters.core.combine.Combiner, optional
         Combines, after each step, what the step's exchange did not carry.
-    first_split : callable, optional
-        ``first_split(rows)``, called before the first call whose batch is
-        split; it returns the function compiled again (a graph that writes the
-        batch size in, rebuilt for each rank's rows) or ``None``.
+    first_split : tmpi_adapters.frameworks.theano_split.FirstSplit, optional
+        ``first_split(sizes, cut)``, called before the first call whose ranks
+        run different row counts, returns the function compiled again (a graph
+        whose reshapes to constant shapes follow the rows, rebuilt for each
+        rank's rows) or ``None``; ``first_split.explain`` words the error of a
+        first split call that failed.
     """
 
     def __init__(self, adapter, compiled, model, plan=None, single_output=False,
@@ -164,8 +166,8 @@ class DistributedFunction:
             self._split_once = True
             if self.plan is not None and self.plan.problem:
                 raise ConfigError(axis_problem(self.model.name, self.plan.problem))
-            if self._first_split is not None:
-                self.fn = self._first_split(rows) or self.fn
+        if self._first_split is not None and not self._first_split.done:
+            self.fn = self._resolve_split(args, kwargs, rows, bounds) or self.fn
         lo, hi, weight, total = local_share(rows, session.rank, session.size)
         # Weak scaling's ranks may hold data of their own (their first call is split too).
         data = self._fingerprint(args, kwargs, bounds) \
@@ -179,14 +181,24 @@ class DistributedFunction:
         except (TmpiError, KeyboardInterrupt):
             raise
         except Exception as error:
-            if first:
-                explained = explain(self.fn, rows, session.size, self.model.name, error)
+            if first and self._first_split is not None:
+                explained = self._first_split.explain(rows, session.size, error)
                 if explained is not None:
                     raise explained from error
             # Shapes in the error are this rank's share, not the script's batch.
             error.add_note("(rank %d of %d ran rows %d-%d of the call's %d: shapes above are "
                            "that share's)" % (session.rank, session.size, lo, hi - 1, rows))
             raise
+
+    def _resolve_split(self, args, kwargs, rows, bounds):
+        """The function compiled again for the reshapes that follow the rows
+        (``first_split``), or ``None``; decided once, on the first split call
+        whose ranks run two different row counts."""
+        sizes = split_sizes(rows, self.session.size)
+        if len(sizes) < 2:
+            return None
+        return self._first_split(sizes,
+                                 lambda r: self._local_call(args, kwargs, rows, bounds, 0, r))
 
     def step_local(self, *args, **kwargs):
         """One step on this rank's whole batch, whatever the scaling mode.
@@ -273,15 +285,12 @@ def axis_problem(name, problem):
             "--scaling weak so that each rank takes whole batches." % (name, problem))
 
 
-def explain(compiled, rows, size, name, error):
-    """The clear error for a first split call that failed because the graph
-    writes the batch size in, or ``None``."""
-    from tmpi_adapters.graphs.fixedbatch import explain as explain_fixed
-    maker = getattr(compiled, "maker", None)
-    fgraph = getattr(maker, "fgraph", None)
-    if fgraph is None:
-        return None
-    return explain_fixed(fgraph.toposort(), rows, size, name, error)
+def split_sizes(rows, size):
+    """The row counts a split call runs: the whole batch's, then each
+    different share's (a padding row counts one)."""
+    shares = {max(1, hi - lo) for lo, hi, _, _ in (local_share(rows, r, size)
+                                                   for r in range(size))}
+    return [rows] + sorted(shares - {rows}, reverse=True)
 
 
 class ObservedFunction:
@@ -360,9 +369,22 @@ class SplitFunction(ObservedFunction):
         data = fingerprint(plan.batch_values(args, kwargs, bounds)) \
             if fingerprinted(self._tmpi_calls) else None
         failed = None
+        first_split = self._tmpi_first_split
+        if first_split is not None and not first_split.done:
+            sizes = split_sizes(rows, session.size)
+            if len(sizes) > 1:
+                try:
+                    self._tmpi_fn = first_split(sizes, lambda r: plan.local_call(
+                        self.key, args, kwargs, rows, bounds, 0, r)) or self._tmpi_fn
+                except ConfigError:
+                    self._tmpi_whole = True
+                # Reshapes no share can follow, or rebuilt otherwise than its
+                # values were read: every rank runs it whole (decided alike on
+                # every rank, from the same batch).
+                if self._tmpi_whole or not first_split.confirmed:
+                    self._tmpi_whole = True
+                    return self._tmpi_whole_call(args, kwargs, rows, bounds)
         try:
-            if first and self._tmpi_first_split is not None:
-                self._tmpi_fn = self._tmpi_first_split(rows) or self._tmpi_fn
             local_args, local_kwargs = plan.local_call(self.key, args, kwargs, rows, bounds,
                                                        lo, hi)
             outputs = self._tmpi_fn(*local_args, **local_kwargs)

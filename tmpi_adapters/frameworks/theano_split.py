@@ -12,7 +12,7 @@ every value it returns combines.  Theano is imported when these run.
 """
 import inspect
 
-from tmpi_adapters.graphs.fixedbatch import FixedBatch
+from tmpi_adapters.graphs.fixedbatch import FixedBatch, reshape_inputs
 from tmpi_adapters.core.function import SplitFunction
 from tmpi_adapters.graphs.marks import ancestors
 from tmpi_adapters.graphs.layout import Layout
@@ -20,7 +20,7 @@ from tmpi_adapters.core.combine import Combiner
 from tmpi_adapters.graphs.outputs import KINDS, classify, ratio_of
 from tmpi_adapters.graphs.rowwise import RowWise
 from tmpi_adapters.core.split import analyse
-from tmpi_adapters.errors import ConfigError
+from tmpi_adapters.errors import ConfigError, TmpiError
 
 
 def pairs(givens):
@@ -55,11 +55,16 @@ def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pai
                    graph, plan, replace, step=None, fixed=None):
     """``(compile_with, first_split)`` for a function split by ``plan``:
     ``compile_with(None)`` compiles it (shared batches sliced, ``givens``
-    sliced, a batch size the graph declares made each rank's own);
-    ``first_split(rows)`` compiles it again for a batch size only the first
-    split call tells, or returns ``None``.  ``replace`` and ``step`` are
+    sliced, a batch size its convolutions declare made each rank's own);
+    ``first_split(sizes, cut)`` decides, on the first split call, which
+    reshapes to constant shapes follow the rows and compiles the function
+    again where some must be rebuilt, or returns ``None``
+    (:meth:`~tmpi_adapters.graphs.fixedbatch.FixedBatch.resolve`).
+    ``replace`` and ``step`` are
     :meth:`~tmpi_adapters.frameworks.theano.TheanoAdapter._rebuilt`'s."""
+    plan_replace = {}
     if plan is not None:
+        plan_replace = dict(plan.replace)
         if plan.replace and replace:
             # The replacement values (marked gradients, the step's exchange)
             # read the shared batch variables too: slice them there as well.
@@ -77,8 +82,8 @@ def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pai
             else plan.given_pairs
 
     def compile_with(transform):
-        if transform is None and fixed and fixed.batch is not None:
-            transform = fixed.transform(fixed.batch)
+        if transform is None and fixed and fixed.declared:
+            transform = fixed.transform()
         if not replace and new_givens is None and transform is None and step is None:
             return adapter.compile(*bound.args, **bound.kwargs)
         compile_args, compile_kwargs = adapter._rebuilt(
@@ -92,11 +97,71 @@ def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pai
             plan.compile_bounds(adapter._original_function)
         return compiled
 
-    def first_split(rows):
-        if fixed is not None and fixed.needs(rows):
-            return compile_with(fixed.transform(rows))
-        return None
-    return compile_with, (first_split if fixed else None)
+    def probe(transform, labels, sizes, cut):
+        """The shapes of the tagged reshapes' inputs when the function's graph
+        (without the step's exchange: nothing is exchanged) runs each of
+        ``sizes`` rows, from Theano's own shape inference on the call's inputs."""
+        import theano
+        found = reshape_inputs(transform(theano.clone(graph, replace=plan_replace)))
+        arguments = dict(bound.arguments, outputs=[found[l].shape for l in labels],
+                         on_unused_input="ignore", no_default_updates=True,
+                         name="%s (shapes)" % key)
+        arguments.pop("updates", None)
+        if new_givens is not None:
+            arguments["givens"] = new_givens
+        function = adapter._original_function(**arguments)
+        measured = []
+        for rows in sizes:
+            args, kwargs = cut(rows)
+            measured.append([tuple(int(v) for v in shape) for shape in function(*args, **kwargs)])
+        return {label: [m[k] for m in measured] for k, label in enumerate(labels)}
+
+    def recompile(sizes, cut):
+        transform = fixed.resolve(sizes, lambda t, labels, s: probe(t, labels, s, cut))
+        return compile_with(transform) if transform is not None else None
+    return compile_with, (FirstSplit(fixed, recompile) if fixed is not None else None)
+
+
+class FirstSplit:
+    """What a function whose batch is split does on its first split call:
+    rebuild the reshapes that follow the rows (``FirstSplit(sizes, cut)``
+    returns the function compiled again, or ``None``; ``done`` after), and
+    explain a first split call that failed."""
+
+    def __init__(self, fixed, recompile):
+        self.fixed = fixed
+        self._recompile = recompile
+
+    @property
+    def done(self):
+        return self.fixed.done
+
+    @property
+    def confirmed(self):
+        """False when the graph was read before the first call (an evaluation's
+        values) otherwise than it was then rebuilt."""
+        return self.fixed.confirmed
+
+    def __call__(self, sizes, cut):
+        """``sizes``: the call's rows, then each share's; ``cut(rows)``: the
+        call's arguments made to run its first ``rows`` rows."""
+        if self.done:
+            return None
+        try:
+            return self._recompile(sizes, cut)
+        except TmpiError:
+            raise
+        except Exception as error:  # noqa: BLE001 - said as what it means for the split
+            raise ConfigError(
+                "%s: tmpi could not tell whether its reshapes to constant shapes %s follow the "
+                "batch's rows: Theano's shape inference on the call's inputs failed (%s: %s). "
+                "Run with --scaling weak so that each rank takes whole batches."
+                % (self.fixed.name, sorted(s for _, s in self.fixed.found.reshapes.values()),
+                   type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+            ) from error
+
+    def explain(self, rows, size, error):
+        return self.fixed.explain(rows, size, error)
 
 
 def split_evaluation(adapter, bound, output_list, rebuild_outputs, update_pairs, updates):
@@ -125,12 +190,10 @@ def split_evaluation(adapter, bound, output_list, rebuild_outputs, update_pairs,
     key = "%s~%d" % (arguments.get("name") or "function", session.functions_compiled)
     fixed = FixedBatch(outputs, plan.data, plan.local_rows_variable(), key)
     graph = outputs
-    if fixed and fixed.batch is not None:
-        # Per-row values are read from the graph each rank will run.
-        try:
-            graph = fixed.transform(fixed.batch)(list(outputs))
-        except ConfigError:
-            return None  # a batch size tmpi cannot make each rank's own: run it whole
+    if fixed and fixed.declared:
+        # Per-row values are read from the graph each rank will most likely
+        # run (confirmed on the first split call, else it runs whole).
+        graph = fixed.assume()(list(outputs))
         rows = RowWise(Layout(plan.data, graph, costs=[o for o in graph if o.ndim == 0]))
     data = set(plan.data)
     kinds = [classify(o, data, None, rows=rows) for o in graph]

@@ -1,17 +1,33 @@
-"""Graphs that write the batch size in, rebuilt for each rank's share.
+"""Graphs that fix the batch size, made each rank's own, where that is proven.
 
 The Theano tutorials' LeNet reshapes its input with the batch size as a
 constant (``x.reshape((batch_size, 1, 28, 28))``) and tells ``conv2d`` the
 input shape (``input_shape=(batch_size, ...)``).  A rank that runs part of the
-batch cannot run that graph.  :func:`find` lists such nodes once, when a
-function is compiled; :func:`rebuild` replaces the constant by the rank's
-own row count, taken from the batch input's shape (so it follows uneven
-shares, padding rows and short last batches without compiling again), and
-drops the batch size from convolutions' declared input shapes.  Where the
-constant cannot be told apart (two axes of that length), :func:`explain`
-words the error, naming the op and offering ``--scaling weak``.
+batch cannot run that graph as it is.  But a constant that *equals* the batch
+size is not always the batch size: Keras' ``TimeDistributed`` reshapes to
+``(-1, 128)`` where 128 is a layer's width, which may well be the batch size
+too.  So nothing is rewritten because of its value:
+
+* a convolution's declared input shape starts with the batch size by
+  definition: that entry is dropped when the function is compiled;
+* a reshape to a constant shape is rewritten only where Theano's own shape
+  inference, run on the call's real inputs cut to two or more row counts,
+  shows that its input's size is proportional to the rows and which axis of
+  the new shape holds them.  That is decided on the first split call
+  (:meth:`FixedBatch.resolve`); the entry then becomes this rank's rows times
+  the proven factor, read from each call's input (uneven shares, padding rows
+  and short last batches follow without compiling again).  A reshape whose
+  input grows with the batch in a way no rank's share can follow exactly is
+  an error naming the reshape and where it was made, before the first step.
+
+:func:`explain` words the error of a first split call that failed anyway,
+naming a constant of the script's graph that equals the batch size and meets
+the batch (``T.zeros((batch_size, n))``, ``T.arange(batch_size)``), and only
+where there is one.
 """
 import copy
+import itertools
+import math
 
 from tmpi_adapters.errors import ConfigError
 
@@ -19,6 +35,16 @@ from tmpi_adapters.errors import ConfigError
 _CONVS = ("AbstractConv2d", "AbstractConv3d", "AbstractConv2d_gradWeights",
           "AbstractConv2d_gradInputs", "AbstractConv3d_gradWeights",
           "AbstractConv3d_gradInputs")
+
+#: The tag a reshape to a constant shape carries, so that it is found again in
+#: the clones a function is compiled from (``Variable.clone`` copies tags).
+TAG = "tmpi_reshape"
+_labels = itertools.count()
+
+#: Ops that make a tensor of a constant size: where such a size equals the
+#: batch size and the tensor meets the batch, a split call may fail.
+_SIZED = ("Alloc", "AllocEmpty", "ARange", "Tile", "Repeat", "SpecifyShape", "Reshape",
+          "Eye")
 
 
 def _nodes(variables):
@@ -33,29 +59,6 @@ def _constant_shape(variable):
     return constant_ints(variable)
 
 
-class Found:
-    """The fixed-batch nodes of a graph (see :func:`find`)."""
-
-    def __init__(self, reshapes, convs):
-        #: ``(node, constant shape)`` of reshapes of the batch to constant shapes
-        self.reshapes = reshapes
-        #: convolution nodes on the batch that declare their input's batch size
-        self.convs = convs
-
-    def __bool__(self):
-        return bool(self.reshapes or self.convs)
-
-    @property
-    def batch(self):
-        """The batch size the graph declares (its convolutions'), or ``None``."""
-        sizes = {node.op.imshp[0] for node in self.convs}
-        return sizes.pop() if len(sizes) == 1 else None
-
-    def constants(self):
-        """Every constant a reshape of the batch uses, for choosing the batch size."""
-        return {v for _, shape in self.reshapes for v in shape}
-
-
 def _batch_dependent(nodes, data):
     """The ids of the variables of ``nodes`` computed from ``data``."""
     found = {id(v) for v in data}
@@ -65,18 +68,186 @@ def _batch_dependent(nodes, data):
     return found
 
 
+def label_of(variable):
+    """The label of a tagged reshape's output, or ``None``."""
+    return getattr(variable.tag, TAG, None)
+
+
+def reshape_inputs(variables):
+    """``{label: input}`` of the tagged reshapes in ``variables``' graph."""
+    return {label_of(node.outputs[0]): node.inputs[0] for node in _nodes(variables)
+            if label_of(node.outputs[0]) is not None}
+
+
+def made_at(variable):
+    """``file:line`` of the script's line that made ``variable`` (from the
+    trace Theano keeps in its tag), or ``""``."""
+    from tmpi_adapters.process.failure import is_library_frame
+    trace = getattr(variable.tag, "trace", None) or []
+    frames = [f for stack in trace for f in stack]
+    for frame in reversed(frames):
+        filename, lineno = frame[0], frame[1]
+        if not is_library_frame(filename):
+            return "%s:%d" % (filename.rsplit("/", 1)[-1], lineno)
+    return ""
+
+
+def _where(variable):
+    at = made_at(variable)
+    return " made at %s" % at if at else ""
+
+
+class Rewrite:
+    """How one reshape's constant shape becomes a rank's: entry ``axis`` is
+    ``rows * num // den`` (``rows``: the rank's rows), the others ``entries``."""
+
+    def __init__(self, axis, num, den, entries):
+        self.axis, self.num, self.den, self.entries = axis, num, den, tuple(entries)
+
+    def shape(self, local):
+        import theano.tensor as T
+        rows = T.cast(local, "int64")
+        size = rows if self.num == self.den else rows * self.num // self.den
+        return T.stack([size if k == self.axis else T.constant(v, dtype="int64")
+                        for k, v in enumerate(self.entries)])
+
+    def __repr__(self):
+        return "Rewrite(axis=%d, %d/%d, %s)" % (self.axis, self.num, self.den, self.entries)
+
+    def __str__(self):
+        share = "a rank's rows" if self.num == self.den else \
+            "%s a rank's rows" % ("%d times" % self.num if self.den == 1
+                                  else "%d/%d of" % (self.num, self.den))
+        return "%s with %s on axis %d" % (self.entries, share, self.axis)
+
+
+def decide(describe, target, sizes, shapes):
+    """The :class:`Rewrite` of a reshape to the constant shape ``target``, or
+    ``None`` where the reshape needs none.
+
+    Parameters
+    ----------
+    describe : str
+        The reshape, for messages ("the reshape to (256, 128) made at x.py:7").
+    target : tuple of int
+        Its constant shape (``-1`` where Theano infers the entry).
+    sizes : list of int
+        Row counts, the call's whole batch first.
+    shapes : list of tuple
+        The reshape's input's shape when the function runs each of ``sizes``.
+
+    Raises :class:`~tmpi_adapters.errors.ConfigError` where the reshape's input
+    follows the rows in a way each rank's share cannot reproduce exactly, or
+    in a way that can be read more than one way.
+    """
+    batch, full = sizes[0], shapes[0]
+    varying = [a for a in range(len(full)) if len({s[a] for s in shapes}) > 1]
+    if not varying:
+        return None  # its size does not follow the batch: every rank reshapes alike
+
+    def refuse(why):
+        return ConfigError(
+            "%s: its input has the shape %s for a batch of %d rows, and %s, so tmpi cannot "
+            "rebuild it for each rank's share of the rows. Take the sizes that follow the batch "
+            "from the input's shape (x.shape[0], or -1) instead of constants, or run with "
+            "--scaling weak so that each rank takes whole batches."
+            % (describe, tuple(full), batch, why))
+    if len(varying) > 1:
+        raise refuse("axes %s of it all change with the batch's rows" % varying)
+    axis = varying[0]
+    for rows, shape in zip(sizes, shapes):
+        if shape[axis] * batch != full[axis] * rows:
+            raise refuse("its axis %d is not proportional to the rows (%d for %d rows)"
+                         % (axis, shape[axis], rows))
+    if full[axis] % batch:
+        raise refuse("its axis %d does not hold a whole number of entries per row" % axis)
+    per_row = full[axis] // batch
+    pre, post = math.prod(full[:axis]), math.prod(full[axis + 1:])
+    total = math.prod(full)
+    known = math.prod(v for v in target if v != -1)
+    actual = tuple(total // known if v == -1 else v for v in target)
+    # Axis `axis` holds `per_row` entries per row, ordered row-major or not (a
+    # transposed or tiled tensor flattened): every order (`outer` entries above
+    # the rows, `per_row // outer` below) the new shape can hold is read, and
+    # all must agree.
+    placed, reasons = {}, []
+    for outer in (d for d in range(1, per_row + 1) if per_row % d == 0):
+        try:
+            placed[outer] = _place(target, actual, batch, sizes[1:], pre * outer,
+                                   post * (per_row // outer))
+        except ValueError as why:
+            reasons.append(str(why))
+    if not placed:
+        raise refuse(reasons[0])
+    found = {repr(p): "left as written" if p is None else str(p) for p in placed.values()}
+    if len(found) > 1:
+        raise refuse("its axis %d holds %d entries per row, in an order tmpi cannot tell from "
+                     "the sizes alone: each rank's reshape would be %s" % (
+                         axis, per_row, " or ".join(sorted(found.values()))))
+    return next(iter(placed.values()))
+
+
+def _place(target, actual, batch, shares, pre, row):
+    """Where the rows of an input of ``pre`` slabs of ``batch`` rows of ``row``
+    elements each land in the new shape ``actual`` (``target`` as written):
+    the :class:`Rewrite`, ``None`` where none is needed, or ``ValueError``
+    saying why the rows cannot follow a rank's share."""
+    period = batch * row                        # one slab: every row
+    strides = [math.prod(actual[k + 1:]) for k in range(len(actual))]
+    # The axis of the new shape that a slab of rows ends in holds the rows...
+    at = [k for k in range(len(actual)) if strides[k] < period <= strides[k] * actual[k]]
+    k = at[0] if at else None
+    # ...with the slabs above it, whole.
+    if k is None or (strides[k] * actual[k]) % period or \
+            math.prod(actual[:k]) * (strides[k] * actual[k] // period) != pre:
+        raise ValueError("the new shape %s does not keep the rows together on one axis"
+                         % (tuple(actual),))
+    if row % strides[k] and strides[k] % row:
+        raise ValueError("an entry of axis %d of the new shape %s holds part of one row and "
+                         "part of another" % (k, tuple(actual)))
+    if target[k] == -1:
+        return None  # Theano infers that entry from each rank's rows already
+    g = math.gcd(actual[k], batch)
+    num, den = actual[k] // g, batch // g
+    uneven = [rows for rows in shares if (rows * num) % den]
+    if uneven:
+        raise ValueError("an entry of axis %d of the new shape %s holds %d rows, which a "
+                         "rank's share of %d rows does not divide (use a batch size whose "
+                         "shares are multiples of %d)" % (k, tuple(actual), den, uneven[0], den))
+    return Rewrite(k, num, den, actual)
+
+
+class Found:
+    """The nodes of a graph that may fix the batch size (see :func:`find`)."""
+
+    def __init__(self, reshapes, convs):
+        #: ``{label: (node, constant shape)}`` of reshapes of the batch to
+        #: constant shapes (their outputs tagged with the label)
+        self.reshapes = reshapes
+        #: convolution nodes on the batch that declare their input's batch size
+        self.convs = convs
+
+    def __bool__(self):
+        return bool(self.reshapes or self.convs)
+
+
 def find(variables, data):
-    """The nodes of ``variables``' graph that fix the batch size (``data``:
-    the variables that carry the batch)."""
+    """The nodes of ``variables``' graph that may fix the batch size
+    (``data``: the variables that carry the batch); reshapes to constant
+    shapes are tagged (:data:`TAG`)."""
     nodes = _nodes(variables)
     dependent = _batch_dependent(nodes, data)
-    reshapes, convs = [], []
+    reshapes, convs = {}, []
     for node in nodes:
         name = type(node.op).__name__
         if name == "Reshape":
             shape = _constant_shape(node.inputs[1])
             if shape and id(node.inputs[0]) in dependent:
-                reshapes.append((node, shape))
+                label = label_of(node.outputs[0])
+                if label is None:
+                    label = next(_labels)
+                    setattr(node.outputs[0].tag, TAG, label)
+                reshapes[label] = (node, tuple(shape))
         elif name in _CONVS:
             imshp = getattr(node.op, "imshp", None)
             if imshp and imshp[0] is not None and id(node.outputs[0]) in dependent:
@@ -84,46 +255,35 @@ def find(variables, data):
     return Found(reshapes, convs)
 
 
-class Ambiguous(Exception):
-    """A constant that may or may not be the batch size."""
-
-
-def rebuild(variables, batch, local, data):
-    """``variables`` with every fixed batch size ``batch`` replaced.
+def rebuild(variables, rewrites, local, data, convs=True):
+    """``variables`` with the tagged reshapes of ``rewrites`` (``{label:
+    Rewrite}``) made each rank's own, and (with ``convs``) convolutions on the
+    batch declaring no batch size.
 
     Parameters
     ----------
     variables : list of Variable
         The graph to rebuild (outputs and update expressions, already cloned).
-    batch : int
-        The batch size the graph writes in.
+    rewrites : dict
+        ``label -> Rewrite`` (:func:`decide`).
     local : Variable
         An int64 scalar: this rank's rows (an input's length along its batch axis).
     data : list of Variable
         The variables that carry the batch.
-
-    Raises :class:`Ambiguous` when a reshape has the batch size on several
-    axes but not on its first.
     """
-    import theano.tensor as T
     nodes = _nodes(variables)
-    dependent = _batch_dependent(nodes, data)
+    dependent = _batch_dependent(nodes, data) if convs else set()
     memo = {}
     for node in nodes:
         inputs = [memo.get(v, v) for v in node.inputs]
         op = node.op
         name = type(op).__name__
         if name == "Reshape":
-            shape = _constant_shape(node.inputs[1])
-            if shape and batch in shape and id(node.inputs[0]) in dependent:
-                positions = [k for k, v in enumerate(shape) if v == batch]
-                if shape[0] != batch and len(positions) > 1:
-                    raise Ambiguous("Reshape to %s" % (tuple(shape),))
-                at = 0 if shape[0] == batch else positions[0]
-                entries = [T.cast(local, "int64") if k == at else T.constant(v, dtype="int64")
-                           for k, v in enumerate(shape)]
-                inputs[1] = T.stack(entries)
-        elif name in _CONVS and getattr(op, "imshp", None) and op.imshp[0] == batch:
+            rewrite = rewrites.get(label_of(node.outputs[0]))
+            if rewrite is not None:
+                inputs[1] = rewrite.shape(local)
+        elif name in _CONVS and convs and getattr(op, "imshp", None) \
+                and op.imshp[0] is not None and id(node.outputs[0]) in dependent:
             op = copy.copy(op)
             op.imshp = (None,) + tuple(op.imshp[1:])
         if op is node.op and all(a is b for a, b in zip(inputs, node.inputs)):
@@ -141,11 +301,11 @@ def rebuild(variables, batch, local, data):
 class FixedBatch:
     """One function's fixed batch size, made each rank's own.
 
-    Where the graph declares the batch size (its convolutions' input shapes)
-    the graph is rebuilt when the function is compiled; where only reshapes
-    to constant shapes show it, on the first split call, whose rows say which
-    constant is the batch size (the function is compiled once more then, and
-    never again: the rebuilt graph reads each call's rows).
+    Convolutions that declare the batch size are rebuilt when the function is
+    compiled (:meth:`transform`); reshapes to constant shapes on the first
+    split call, once Theano's shape inference has shown which of them follow
+    the rows (:meth:`resolve`; the function is then compiled once more, and
+    only where some reshape needs it).
 
     Parameters
     ----------
@@ -160,69 +320,157 @@ class FixedBatch:
     """
 
     def __init__(self, graph, data, local, name):
+        self.graph = list(graph)
         self.found = find(graph, data)
         self.data = list(data)
         self.local = local
         self.name = name
-        self.done = False
+        #: ``label -> Rewrite or None``, once decided
+        self.rewrites = {}
+        #: the rewrites :meth:`assume` took for granted, if it was asked
+        self.assumed = None
+        self.done = not self.found.reshapes
 
     def __bool__(self):
         return bool(self.found) and self.local is not None
 
     @property
-    def batch(self):
-        """The batch size the graph declares, or ``None``."""
-        return self.found.batch
+    def declared(self):
+        """True when convolutions declare the batch size (rebuilt at compile time)."""
+        return bool(self.found.convs)
 
-    def needs(self, rows):
-        """True when the first split call's ``rows`` is a constant of the
-        graph that the graph did not declare (rebuild then)."""
-        return bool(self) and not self.done and rows in self.found.constants()
+    def assume(self):
+        """The transform of the graph as it will most likely be rebuilt, for
+        reading the graph before the first call: the batch size the
+        convolutions declare taken for the rows wherever a reshape's constant
+        shape has it on one axis.  :meth:`resolve` decides for real;
+        :attr:`confirmed` says whether it decided the same."""
+        sizes = {node.op.imshp[0] for node in self.found.convs}
+        batch = sizes.pop() if len(sizes) == 1 else None
+        self.assumed = {label: Rewrite(shape.index(batch), 1, 1, shape)
+                        for label, (_, shape) in self.found.reshapes.items()
+                        if shape.count(batch) == 1 and -1 not in shape}
+        return self.transform(self.assumed)
 
-    def transform(self, batch):
-        """What rewrites a cloned graph for ``batch`` (see :func:`rebuild`);
-        raises :class:`~tmpi_adapters.errors.ConfigError` where the batch size
-        cannot be told apart from other constants."""
-        self.done = True
+    @property
+    def confirmed(self):
+        """False when :meth:`resolve` rebuilt the reshapes otherwise than
+        :meth:`assume` assumed."""
+        if self.assumed is None:
+            return True
+        return all(repr(self.assumed.get(label)) == repr(self.rewrites.get(label))
+                   for label in self.found.reshapes)
+
+    def transform(self, rewrites=None):
+        """What rewrites a cloned graph: convolutions, and ``rewrites`` (by
+        default the reshapes decided so far)."""
+        rewrites = {k: v for k, v in (self.rewrites if rewrites is None else rewrites).items()
+                    if v is not None}
 
         def rewrite(variables):
-            try:
-                return rebuild(variables, batch, self.local, self.data)
-            except Ambiguous as error:
-                raise ConfigError(
-                    "%s writes the batch size %d in a %s, on more than one axis and not on "
-                    "the first: tmpi cannot tell which axis to make each rank's share of the "
-                    "rows. Take the batch size from the input's shape (x.shape[0]) instead "
-                    "of a constant, or run with --scaling weak so that each rank takes whole "
-                    "batches." % (self.name, batch, error)) from None
+            return rebuild(variables, rewrites, self.local, self.data)
         return rewrite
 
+    def describe(self, label):
+        node, shape = self.found.reshapes[label]
+        return "%s: the reshape to the constant shape %s%s" % (
+            self.name, shape, _where(node.outputs[0]))
 
-def explain(nodes, rows, size, name, error):
+    def _upstream(self):
+        """``label -> labels of the reshapes above it``."""
+        labels = set(self.found.reshapes)
+        above = {}
+        for label, (node, _) in self.found.reshapes.items():
+            above[label] = {label_of(n.outputs[0]) for n in _nodes([node.inputs[0]])} & labels
+        return above
+
+    def resolve(self, sizes, probe):
+        """Decide every reshape to a constant shape; the transform to compile
+        with when some reshape needs rewriting, else ``None``.
+
+        Parameters
+        ----------
+        sizes : list of int
+            Row counts the function can run now: the call's whole batch first,
+            then each rank's share (at least two distinct counts).
+        probe : callable
+            ``probe(transform, labels, sizes)`` -> ``{label: [shape of the
+            reshape's input at each size]}``, from the function's graph
+            rewritten by ``transform``.
+        """
+        above = self._upstream()
+        pending = set(self.found.reshapes)
+        while pending:
+            ready = sorted(l for l in pending if not above[l] & pending)
+            shapes = probe(self.transform(), ready, sizes)
+            for label in ready:
+                _, target = self.found.reshapes[label]
+                self.rewrites[label] = decide(self.describe(label), target, sizes,
+                                              shapes[label])
+            pending -= set(ready)
+        self.done = True
+        if not any(self.rewrites.values()):
+            return None
+        return self.transform()
+
+    def explain(self, rows, size, error):
+        """See :func:`explain` (for this function's graph)."""
+        return explain(self.graph, self.data, rows, size, self.name, error)
+
+
+def explain(graph, data, rows, size, name, error):
     """A :class:`~tmpi_adapters.errors.ConfigError` for a function whose first
-    split call failed (``error``) because its graph (``nodes``) writes the
-    batch size ``rows`` in, or ``None`` when no such op is found."""
+    split call failed (``error``) where its graph (``graph``, on ``data``)
+    makes a tensor of a constant size equal to the batch's ``rows`` and uses it
+    with the batch, or ``None`` where it has no such tensor."""
+    nodes = _nodes(graph)
+    dependent = _batch_dependent(nodes, data)
     culprit = None
     for node in nodes:
         op_name = type(node.op).__name__
-        if op_name in _CONVS + ("ConvOp",):
-            declared = getattr(node.op, "imshp", None) or ()
-            if rows in tuple(declared[:1]) + (getattr(node.op, "bsize", None),):
-                culprit = "%s (its declared input shape %s)" % (op_name, tuple(declared))
-        elif op_name in ("Reshape", "Alloc", "AllocEmpty", "SpecifyShape"):
-            for variable in node.inputs[1:]:
-                shape = _constant_shape(variable)
-                if shape and rows in shape:
-                    culprit = "%s to the constant shape %s" % (op_name, tuple(shape))
-        if culprit:
+        if op_name not in _SIZED or id(node.outputs[0]) in dependent:
+            continue  # a reshape of the batch was proven by the first split call
+        constants = [v for v in node.inputs[1:] if _constant_shape(v)] \
+            if op_name in ("Reshape", "SpecifyShape", "Tile", "Repeat") else \
+            [v for v in node.inputs if _constant_shape(v)]
+        if not any(rows in _constant_shape(v) for v in constants):
+            continue
+        if _meets(nodes, node, dependent):
+            culprit = _constant_tensor(node, op_name) + _where(node.outputs[0])
             break
     if culprit is None:
         return None
     return ConfigError(
-        "%s failed on its first split batch (%s: %s). Its graph writes the batch size %d in "
-        "(%s), and tmpi could not rebuild it for each rank's share of the rows: strong "
-        "scaling gives each of the %d ranks part of every batch. Take the batch size from "
-        "the input's shape (x.shape[0]) instead of a constant, or run with --scaling weak "
-        "so that each rank takes whole batches."
+        "%s failed on its first split batch (%s: %s). Its graph makes a tensor whose constant "
+        "size equals the batch size %d (%s) and uses it with the batch, and strong scaling "
+        "gives each of the %d ranks only part of every batch. If that size is the batch "
+        "size, take it from the input's shape (x.shape[0]) instead of a constant, or run with "
+        "--scaling weak so that each rank takes whole batches."
         % (name, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "",
            rows, culprit, size))
+
+
+def _constant_tensor(node, op_name):
+    """A node of :data:`_SIZED`, as the script wrote it."""
+    values = [_constant_shape(v) for v in node.inputs]
+    text = [str(v[0]) if v is not None and len(v) == 1 else
+            str(tuple(v)) if v is not None else "?" for v in values]
+    if op_name in ("Alloc", "AllocEmpty"):
+        dims = text[1:] if op_name == "Alloc" else text
+        return "a tensor of the constant shape (%s) (T.zeros, T.ones, T.alloc or T.tile)" \
+            % ", ".join(dims)
+    if op_name == "ARange":
+        return "T.arange(%s)" % ", ".join(text)
+    return "%s(%s)" % (op_name, ", ".join(text))
+
+
+def _meets(nodes, start, dependent):
+    """True when a value computed from ``start``'s output is an input of a
+    node together with a value computed from the batch."""
+    derived = {id(v) for v in start.outputs}
+    for node in nodes:
+        if any(id(v) in derived for v in node.inputs):
+            if any(id(v) in dependent for v in node.inputs):
+                return True
+            derived.update(id(v) for v in node.outputs)
+    return False

@@ -23,6 +23,11 @@ buffer is rewritten at the next step.  On one rank the outputs are Theano's
 own gradient arrays and stay destructible, so the graph computes its
 updates in place exactly as it would without tmpi.
 
+On a device (Theano's GPU backend) the gradients are device arrays: the Ops
+take them as they are, and :class:`~tmpi_adapters.exchangers.device.Staging`
+moves them to the host and the results back in one fused copy per dtype
+each way; the outputs are device arrays, borrowed the same way.
+
 The Op is given the session's exchange when the training function is
 compiled: nothing in it looks for a session at run time.
 """
@@ -33,6 +38,19 @@ import theano
 from theano.gof import Apply, Op
 
 from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.exchangers.device import Staging, is_device_array, is_device_type
+
+
+def as_variable(value):
+    """``value`` as a Theano variable: device variables stay on their device."""
+    if isinstance(value, theano.gof.Variable) and is_device_type(value.type):
+        return value
+    return theano.tensor.as_tensor_variable(value)
+
+
+def device_contexts(variables):
+    """``{position: device context}`` of the device variables among ``variables``."""
+    return {i: v.type.context for i, v in enumerate(variables) if is_device_type(v.type)}
 
 class FusedAllreduce(Op):
     """Everything one training step exchanges, in one collective.
@@ -78,7 +96,7 @@ class FusedAllreduce(Op):
         return False
 
     def make_node(self, *inputs):
-        inputs = [theano.tensor.as_tensor_variable(v) for v in inputs]
+        inputs = [as_variable(v) for v in inputs]
         outputs = [v.type() for v in inputs]
         for output in outputs:
             # The value lives in the exchanger's buffer: nothing may reduce it
@@ -89,8 +107,12 @@ class FusedAllreduce(Op):
     def perform(self, node, inputs, output_storage):
         if self._exchange is None:
             raise _unbound(self.key)
-        store_borrowed(node, self._exchange(list(inputs), key=self.key, ops=self.ops,
-                                            gradients=self.gradients), output_storage)
+        staging = _staging(self)
+        results = self._exchange(staging.to_host(inputs), key=self.key, ops=self.ops,
+                                 gradients=self.gradients)
+        results = staging.to_device(results, device_contexts(node.inputs),
+                                    fresh=not self.borrowed)
+        store_borrowed(node, results, output_storage)
 
     def infer_shape(self, node, shapes):
         return shapes
@@ -134,14 +156,15 @@ class StartExchange(Op):
 
     def make_node(self, *inputs):
         token = list(inputs[:1]) if self.part else []
-        arrays = [theano.tensor.as_tensor_variable(v) for v in inputs[len(token):]]
+        arrays = [as_variable(v) for v in inputs[len(token):]]
         return Apply(self, token + arrays, [_generic()])
 
     def perform(self, node, inputs, output_storage):
         if self._start is None:
             raise _unbound(self.key)
         before = tuple(inputs[0]) if self.part else ()
-        arrays = list(inputs[1:] if self.part else inputs)
+        # The host views are packed when the part starts: reused next step.
+        arrays = _staging(self).to_host(list(inputs[1:] if self.part else inputs))
         handle = self._start(arrays, key=self.key, ops=self.ops, part=self.part,
                              positions=self.positions, started=before)
         output_storage[0][0] = before + (handle,)
@@ -183,7 +206,9 @@ class FinishExchange(Op):
     def perform(self, node, inputs, output_storage):
         if self._finish is None:
             raise _unbound(self.key)
-        store_borrowed(node, self._finish(inputs[0]), output_storage)
+        results = _staging(self).to_device(self._finish(inputs[0]),
+                                           device_contexts(node.outputs))
+        store_borrowed(node, results, output_storage)
 
     def __reduce__(self):
         return (FinishExchange, (self.key, self.types))
@@ -196,13 +221,24 @@ def _unbound(key):
         "exchange)." % key)
 
 
+def _staging(op):
+    """The op's :class:`~tmpi_adapters.exchangers.device.Staging` (its buffers
+    fit the op's arrays), made on first use."""
+    staging = op.__dict__.get("_staging")
+    if staging is None:
+        staging = op.__dict__["_staging"] = Staging()
+    return staging
+
+
 def store_borrowed(node, results, output_storage):
     """Hand ``node``'s results (views of the exchanger's buffers) to Theano,
     copying those that leave the function: they outlive the step, the
     buffer does not."""
     escaping = leaving_outputs(node)
     for i, (value, store) in enumerate(zip(results, output_storage)):
-        store[0] = np.array(value, copy=True) if i in escaping else value
+        if i in escaping:
+            value = value.copy() if is_device_array(value) else np.array(value, copy=True)
+        store[0] = value
 
 
 def leaving_outputs(node):

@@ -114,9 +114,12 @@ class TheanoAdapter(FrameworkAdapter):
     def _mark(g, wrt):
         from theano.compile.sharedvalue import SharedVariable
         from theano.tensor import TensorVariable
+        from tmpi_adapters.exchangers.device import is_device_type
         from tmpi_adapters.graphs.gradient import GradientMarker
-        if (isinstance(wrt, SharedVariable) and isinstance(g, TensorVariable)
-                and g.dtype.startswith("float")):
+        # On a GPU, shared variables live on the device and so do their gradients.
+        if (isinstance(wrt, SharedVariable)
+                and (isinstance(g, TensorVariable) or is_device_type(getattr(g, "type", None)))
+                and str(g.dtype).startswith("float")):
             return GradientMarker(wrt)(g)
         return g
 

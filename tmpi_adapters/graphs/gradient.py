@@ -28,7 +28,9 @@ class GradientMarker(Op):
         self.index = next(_marker_ids) if index is None else index
 
     def make_node(self, grad):
-        grad = theano.tensor.as_tensor_variable(grad)
+        from tmpi_adapters.exchangers.device import is_device_type
+        if not isinstance(grad, theano.gof.Variable) or not is_device_type(grad.type):
+            grad = theano.tensor.as_tensor_variable(grad)   # a device gradient stays one
         return Apply(self, [grad], [grad.type()])
 
     def perform(self, node, inputs, output_storage):

@@ -2,6 +2,7 @@
 #   make demo   - install, then train a small model on 2 ranks
 #   make test   - install, then run the whole test suite (what CI runs)
 #   make bench  - install, then the full benchmark into bench/results/
+#   make blocks BLOCKS_SRC=path/to/blocks - install, then Blocks and Fuel (docs/blocks.md)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -19,7 +20,7 @@ PIPCONF = $(VENV)/pip.conf
 PLUGIN_SOURCES = $(wildcard $(addsuffix /setup.py,$(PLUGINS)) $(addsuffix /pyproject.toml,$(PLUGINS)) \
                             $(addsuffix /README.md,$(PLUGINS)) $(addsuffix /tmpi_plugin_*/*.py,$(PLUGINS)))
 
-.PHONY: install demo test bench wheels clean
+.PHONY: install demo test bench blocks wheels clean
 
 install: $(STAMP) $(WHEELS) $(PIPCONF)
 
@@ -70,6 +71,25 @@ test: install
 # The full benchmark (~15 min on 2 cores; the suite checks the committed results).
 bench: install
 	$(BIN)/tmpi bench --json bench/results/$$(date +%F).json
+
+# Blocks into the venv, from a clone of its repository (Blocks is not on
+# PyPI), with Fuel 0.2.0 from PyPI less its Cython extension, which does not
+# build on Python 3.11 (Fuel runs without it): the argument is cut out whole
+# by tools/drop_ext_modules.py.  pyzmq is named, not left to Fuel's own
+# requirements, because Fuel imports it as it starts; all under
+# constraints.txt, so that numpy stays below 1.24.
+FUEL_BUILD = build/fuel
+blocks: install
+	@test -n "$(BLOCKS_SRC)" -a -f "$(BLOCKS_SRC)/setup.py" || { echo "make blocks: \
+	BLOCKS_SRC='$(BLOCKS_SRC)' is not a clone of Blocks' repository (no setup.py there); \
+	Blocks is not on PyPI: git clone https://github.com/mila-iqia/blocks path/to/blocks, \
+	then make blocks BLOCKS_SRC=path/to/blocks" >&2; exit 2; }
+	rm -rf $(FUEL_BUILD)
+	$(PIP) download --quiet --disable-pip-version-check --no-deps --no-binary fuel -d $(FUEL_BUILD) fuel==0.2.0
+	tar -xzf $(FUEL_BUILD)/fuel-0.2.0.tar.gz -C $(FUEL_BUILD)
+	$(BIN)/python tools/drop_ext_modules.py $(FUEL_BUILD)/fuel-0.2.0/setup.py
+	$(PIP) install --quiet --disable-pip-version-check -c constraints.txt \
+		./$(FUEL_BUILD)/fuel-0.2.0 $(abspath $(BLOCKS_SRC)) pyzmq picklable-itertools progressbar2 toolz
 
 # The core and every plugin as wheels in dist/: elsewhere,
 # `pip install --find-links dist/ tmpi-plugin-gosgd` installs one by name.

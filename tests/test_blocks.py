@@ -5,12 +5,17 @@ there with the reason below; detection, the extension's argument checking, the
 arithmetic of monitoring shares and the missing-Blocks error are tested anyway.
 """
 import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import SCRIPTS, assert_close, check, final_numbers, mpiexec, run, tmpi
+from conftest import ROOT, SCRIPTS, assert_close, check, final_numbers, mpiexec, run, tmpi
 from tmpi_adapters.core.batches import batch_rows
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.frameworks import blocks as adapter
@@ -19,7 +24,8 @@ from tmpi_adapters.frameworks.blocks.monitoring import scale_share, share_fracti
 
 HAVE_BLOCKS = all(importlib.util.find_spec(m) is not None for m in ("blocks", "fuel"))
 needs_blocks = pytest.mark.skipif(not HAVE_BLOCKS, reason=(
-    "Blocks is not installable from PyPI; install it from its repository to run these tests"))
+    "Blocks is not on PyPI; `make blocks BLOCKS_SRC=path/to/blocks` installs it from a "
+    "clone of its repository (docs/blocks.md) to run these tests"))
 
 MNIST = SCRIPTS / "blocks_mnist.py"
 EXTENSION = SCRIPTS / "blocks_mnist_extension.py"
@@ -120,6 +126,106 @@ def test_missing_blocks_is_one_clear_error():
     assert "the Blocks adapter needs Blocks" in result.stderr, result.stderr
     assert "install it from its repository" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ----------------------------------------------------------- installing Blocks
+
+#: Where docs/blocks.md's commands put a clone of Blocks' repository.
+BLOCKS_PLACEHOLDER = "path/to/blocks"
+
+
+def commands(text):
+    """The shell commands of ``text``, each as its words (continued lines joined)."""
+    found = []
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue  # not one command of its own (make's view of a shell loop)
+        if words:
+            found.append(words)
+    return found
+
+
+def docs_install_commands():
+    """The commands docs/blocks.md says `make blocks` runs, as words."""
+    page = (ROOT / "docs" / "blocks.md").read_text()
+    section = page.split("## Installing Blocks", 1)[1].split("\n## ", 1)[0]
+    shown = [block for block in re.findall(r"```\n(.*?)```", section, re.S)
+             if "drop_ext_modules.py" in block]
+    assert len(shown) == 1, "docs/blocks.md shows no block of the commands make blocks runs"
+    assert "make blocks BLOCKS_SRC=%s" % BLOCKS_PLACEHOLDER in section
+    return commands(shown[0])
+
+
+def with_blocks_at(words, path):
+    return [str(path) if word == BLOCKS_PLACEHOLDER else word for word in words]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_blocks_runs_the_commands_the_docs_show(tmp_path):
+    source = tmp_path / "blocks"  # `make -n` runs nothing: it needs no Blocks
+    printed = subprocess.run(["make", "-n", "blocks", "VENV=.venv", "BLOCKS_SRC=%s" % source],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    made = commands(printed.stdout)
+    shown = docs_install_commands()
+    assert any("-c" in words and BLOCKS_PLACEHOLDER in words for words in shown), shown
+    for words in shown:
+        assert with_blocks_at(words, source) in made, (
+            "docs/blocks.md shows a command make blocks does not run:\n  %s\nmake -n "
+            "prints:\n%s" % (shlex.join(words), printed.stdout))
+    # ... and in make's order, the install last.
+    positions = [made.index(with_blocks_at(words, source)) for words in shown]
+    assert positions == sorted(positions) and made[-1] == with_blocks_at(shown[-1], source)
+
+
+def test_dropping_ext_modules_cuts_the_whole_argument(tmp_path):
+    # Shaped as Fuel 0.2.0's: the last argument, over three lines, no comma after it.
+    setup = tmp_path / "setup.py"
+    setup.write_text("from setuptools import setup\nfrom distutils.extension import Extension\n"
+                     "setup(\n    name='package',\n    entry_points={'a': ['b = c:d']},\n"
+                     "    ext_modules=[Extension('package._x',\n"
+                     "                           ['package/_x.c'],\n"
+                     "                           extra_compile_args=['-O2'])]\n)\n")
+    tool = [sys.executable, ROOT / "tools" / "drop_ext_modules.py", setup]
+    check(run(tool))
+    assert setup.read_text() == ("from setuptools import setup\nfrom distutils.extension "
+                                 "import Extension\nsetup(\n    name='package',\n"
+                                 "    entry_points={'a': ['b = c:d']},\n)\n")
+    again = run(tool)  # nothing left to drop: said, and the file is left alone
+    assert again.returncode != 0 and "passes no ext_modules argument" in again.stderr
+    setup.write_text("setup(ext_modules=[x], name='p', ext_modules=y)\nsetup(\n")
+    broken = run(tool)
+    assert broken.returncode != 0 and "drop_ext_modules:" in broken.stderr
+    assert "Traceback" not in broken.stderr
+
+
+BLOCKS_SRC = os.environ.get("BLOCKS_SRC")
+
+
+@pytest.mark.skipif(not BLOCKS_SRC, reason=(
+    "set BLOCKS_SRC to a clone of Blocks' repository to run docs/blocks.md's install "
+    "commands (they download Fuel 0.2.0 from PyPI)"))
+def test_the_docs_commands_give_a_fuel_that_installs(tmp_path):
+    source = os.path.abspath(BLOCKS_SRC)
+    assert "name='blocks'" in open(os.path.join(source, "setup.py")).read(), (
+        "BLOCKS_SRC=%s is not a clone of Blocks' repository" % BLOCKS_SRC)
+    # Fuel's steps as the page shows them, into this test's own directory;
+    # the install itself is `make blocks`, which this venv may not want.
+    build = tmp_path / "fuel"
+    for words in docs_install_commands():
+        if words[:2] == ["rm", "-rf"] or "install" in words:
+            continue
+        words = [sys.executable if word == ".venv/bin/python" else
+                 word.replace("build/fuel", str(build)) for word in words]
+        check(run(words))
+    setup = build / "fuel-0.2.0" / "setup.py"
+    text = setup.read_text()
+    assert "ext_modules" not in text and "name='fuel'" in text
+    check(run([sys.executable, "-m", "py_compile", setup]))
+    check(run([sys.executable, setup, "--version"], cwd=setup.parent))
 
 
 # ----------------------------------------------------------- with real Blocks

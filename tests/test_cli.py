@@ -1,4 +1,6 @@
 """The tmpi command: plugins listing, clear errors, rank-0 output, the decorator."""
+import importlib.util
+import io
 import json
 import re
 import subprocess
@@ -7,7 +9,7 @@ import sys
 import pytest
 
 from conftest import EXAMPLES, SCRIPTS, assert_close, check, final_numbers, mpiexec, rank_env
-from conftest import MPIEXEC, TMPI, run, tmpi
+from conftest import MPIEXEC, RUN_TIMEOUT, TMPI, run, tmpi
 
 MLP = EXAMPLES / "theano_mlp" / "train.py"
 
@@ -267,6 +269,61 @@ def test_all_ranks_output_keeps_every_line_whole_and_prefixed():
     summary = [line for line in lines if "steps on 2 rank(s)" in line]
     assert len(summary) == 1 and summary[0].startswith("[rank 0] tmpi: 4 steps"), summary
     assert all(line.startswith("[rank ") for line in lines), lines
+
+
+def byte_lines(data):
+    """``data`` cut after each ``\\n`` only (``bytes.splitlines`` cuts at ``\\r`` too)."""
+    pieces = data.split(b"\n")
+    return [piece + b"\n" for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
+
+
+def relayed_lines(stdout, rank):
+    """Rank ``rank``'s lines in ``--all-ranks-output`` bytes, prefix kept, but
+    for tmpi's own (its summary, its warnings)."""
+    prefix = b"[rank %d] " % rank
+    return [line for line in byte_lines(stdout)
+            if line.startswith(prefix) and not line.startswith(prefix + b"tmpi: ")]
+
+
+@pytest.mark.mpi
+def test_all_ranks_output_relays_bytes_as_they_were_written():
+    script = SCRIPTS / "output_bytes.py"
+    spec = importlib.util.spec_from_file_location("output_bytes", script)
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    # Bytes, not text: a byte decoded on its way (U+FFFD for 0x80-0xFF) must show.
+    result = subprocess.run([TMPI, "wrap", "-n", "2", "--all-ranks-output", "--framework",
+                             "theano", str(script)], env=rank_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, timeout=RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr.decode("utf-8", "replace")[-3000:]
+    assert result.stdout.endswith(b"\n"), result.stdout[-200:]
+    assert all(line.startswith(b"[rank ") for line in byte_lines(result.stdout)), \
+        result.stdout[:2000]
+    for rank in (0, 1):
+        # Every whole line after its prefix, the last, unfinished one ended by tmpi.
+        prefix = b"[rank %d] " % rank
+        expected = [prefix + line for line in byte_lines(written.payload(rank) + b"\n")]
+        assert relayed_lines(result.stdout, rank) == expected
+        assert prefix + written.stderr_line(rank) in byte_lines(result.stderr)
+
+
+def test_a_rank_prefixing_its_own_lines_keeps_their_bytes():
+    # Where the launcher's relay is not at hand (another machine) the rank
+    # prefixes its lines itself, through the same stream.
+    from tmpi_adapters.process import output
+    raw = io.BytesIO()
+    stream = output.rank_prefix_stream(io.TextIOWrapper(raw, encoding="utf-8"), "[rank 1] ")
+    try:
+        stream.buffer.write(b"\xe9t\xe9 ")
+        stream.write("caf\u00e9 ")
+        stream.buffer.write(bytearray(b"\r50%\r100%\n\x80\xff\n\x00"))
+        # Latin-1 bytes as they are, the text in the stream's encoding (UTF-8).
+        assert raw.getvalue() == b"[rank 1] \xe9t\xe9 caf\xc3\xa9 \r50%\r100%\n" \
+                                 b"[rank 1] \x80\xff\n"
+        stream.end_partial_line()
+        assert raw.getvalue().endswith(b"[rank 1] \x80\xff\n[rank 1] \x00\n")
+    finally:
+        output._prefixed.remove(stream)
 
 
 @pytest.mark.mpi

@@ -3,7 +3,6 @@
 prefixed ``[rank N]`` (``--all-ranks-output``); standard input is rank 0's.
 """
 import atexit
-import codecs
 import io
 import os
 import sys
@@ -126,52 +125,93 @@ def rank_prefix_stream(stream, prefix):
     Whole lines only: ``print(a, b)`` writes its pieces one by one, and other
     ranks' lines would land between them.  A partial line waits for its end
     (or :func:`flush_partial_lines`, or the end of the process).  Bytes
-    written to its ``buffer`` (``sys.stdout.buffer``) are lines too.
+    written to its ``buffer`` (``sys.stdout.buffer``) are lines too, and go
+    out as they were written, whatever their encoding: Latin-1 text, a
+    progress bar's ``\\r``, a binary dump.
     """
-
-    class Prefixed:
-        def __init__(self):
-            self._partial = ""
-            self.buffer = _LinesOfBytes(self, getattr(stream, "buffer", None))
-
-        def write(self, text):
-            pending = self._partial + text
-            cut = pending.rfind("\n") + 1
-            self._partial = pending[cut:]
-            if cut:
-                lines = pending[:cut - 1].split("\n")
-                stream.write("".join("%s%s\n" % (prefix, line) for line in lines))
-                stream.flush()
-            return len(text)
-
-        def end_partial_line(self):
-            if self._partial:
-                partial, self._partial = self._partial, ""
-                stream.write("%s%s\n" % (prefix, partial))
-                stream.flush()
-
-        def __getattr__(self, name):
-            return getattr(stream, name)
-
-    prefixed = Prefixed()
+    prefixed = _Prefixed(stream, prefix.encode("utf-8"))
     _prefixed.append(prefixed)
     return prefixed
 
 
-class _LinesOfBytes:
-    """The ``buffer`` of a :func:`rank_prefix_stream`: bytes decoded into it."""
+class _Prefixed:
+    """The stream :func:`rank_prefix_stream` makes.
 
-    def __init__(self, text, raw):
-        self._text, self._raw = text, raw
-        self._decoder = codecs.getincrementaldecoder(
-            getattr(text, "encoding", None) or "utf-8")("replace")
+    Lines are kept as bytes: text is encoded as the wrapped stream would
+    (its encoding and error handler), and bytes written to :attr:`buffer`
+    are never decoded, so that nothing but the prefix is added to them.
+    """
+
+    def __init__(self, stream, prefix):
+        self._stream, self._prefix = stream, prefix
+        self._raw = getattr(stream, "buffer", None)
+        self._partial = bytearray()
+        self.buffer = _LinesOfBytes(self, self._raw)
+        stream.flush()  # what the stream holds goes out before our lines
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError("write() argument must be str, not %s" % type(text).__name__)
+        # Read each time: a script may reconfigure() the stream's encoding.
+        errors = getattr(self._stream, "errors", None) or "strict"
+        self.add(text.encode(self._encoding(), errors))
+        return len(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def add(self, data):
+        """Take bytes; write out the whole lines they end."""
+        cut = data.rfind(b"\n") + 1
+        if not cut:
+            self._partial += data  # in place: a long unended line stays linear
+            return
+        lines = bytes(self._partial) + data[:cut]
+        self._partial = bytearray(data[cut:])
+        self._emit(lines)
+
+    def end_partial_line(self):
+        if self._partial:
+            partial, self._partial = bytes(self._partial), bytearray()
+            self._emit(partial + b"\n")
+
+    def _emit(self, lines):
+        """Write ``lines`` (whole, each ending in ``\\n``), each after the prefix."""
+        if self._prefix:
+            lines = b"".join(self._prefix + line + b"\n" for line in lines[:-1].split(b"\n"))
+        if self._raw is None:  # a stream without bytes below it (a StringIO)
+            self._stream.write(lines.decode(self._encoding(), "replace"))
+            self._stream.flush()
+            return
+        self._stream.flush()  # text written to the stream itself keeps its place
+        self._raw.write(lines)
+        self._raw.flush()
+
+    def _encoding(self):
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class _LinesOfBytes:
+    """The ``buffer`` of a :func:`rank_prefix_stream`: bytes into its lines, as they are."""
+
+    def __init__(self, lines, raw):
+        self._lines, self._raw = lines, raw
 
     def write(self, data):
-        self._text.write(self._decoder.decode(bytes(data)))
+        data = bytes(data)
+        self._lines.add(data)
         return len(data)
 
+    def writelines(self, pieces):
+        for piece in pieces:
+            self.write(piece)
+
     def flush(self):
-        self._text.flush()
+        self._lines.flush()
 
     def __getattr__(self, name):
         return getattr(self._raw, name)

@@ -20,7 +20,7 @@ PIPCONF = $(VENV)/pip.conf
 PLUGIN_SOURCES = $(wildcard $(addsuffix /setup.py,$(PLUGINS)) $(addsuffix /pyproject.toml,$(PLUGINS)) \
                             $(addsuffix /README.md,$(PLUGINS)) $(addsuffix /tmpi_plugin_*/*.py,$(PLUGINS)))
 
-.PHONY: install demo test bench blocks wheels clean
+.PHONY: install demo test bench blocks gpu wheels clean
 
 install: $(STAMP) $(WHEELS) $(PIPCONF)
 
@@ -90,6 +90,13 @@ blocks: install
 	$(BIN)/python tools/drop_ext_modules.py $(FUEL_BUILD)/fuel-0.2.0/setup.py
 	$(PIP) install --quiet --disable-pip-version-check -c constraints.txt \
 		./$(FUEL_BUILD)/fuel-0.2.0 $(abspath $(BLOCKS_SRC)) pyzmq picklable-itertools progressbar2 toolz
+
+# Theano's GPU backend in the venv (libgpuarray and pygpu 0.7.6): with apt,
+# Debian's builds (they open CUDA or OpenCL at run time) and pocl, an OpenCL
+# device on the CPU that the suite's device tests run on; elsewhere from a
+# libgpuarray v0.7.6 source tree, LIBGPUARRAY_SRC=path.  See docs/gpu.md.
+gpu: install
+	VENV=$(VENV) LIBGPUARRAY_SRC=$(LIBGPUARRAY_SRC) bash tools/setup-gpu.sh
 
 # The core and every plugin as wheels in dist/: elsewhere,
 # `pip install --find-links dist/ tmpi-plugin-gosgd` installs one by name.

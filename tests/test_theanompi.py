@@ -54,7 +54,7 @@ def test_avg_sync_type_and_legacy_contract():
 def test_config_mapping():
     from tmpi_adapters.launch.theanompi import session_settings
     assert session_settings("BSP", "cuda0,cuda1,cuda2", "avg", "nccl16") == (
-        "bsp", {"mode": "avg"}, 3, "nccl", "fp16")
+        "bsp", {"mode": "avg"}, 3, "mpi", "fp16")
     assert session_settings("EASGD", ["cuda0", "cuda1"], None, "ar") == (
         "easgd", {}, 2, "mpi", "native")
 

@@ -31,7 +31,6 @@ hookimpl = pluggy.HookimplMarker("tmpi")
 #: Modules registered before any entry point, in this order.
 BUILTIN_PLUGINS = (
     "tmpi_adapters.exchangers.mpi",
-    "tmpi_adapters.exchangers.experimental",
     "tmpi_adapters.rules.bsp",
     "tmpi_adapters.frameworks.theano",
     "tmpi_adapters.frameworks.keras",

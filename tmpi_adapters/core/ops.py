@@ -38,7 +38,8 @@ import theano
 from theano.gof import Apply, Op
 
 from tmpi_adapters.errors import TmpiError
-from tmpi_adapters.exchangers.device import Staging, is_device_array, is_device_type
+from tmpi_adapters.exchangers.device import Staging
+from tmpi_adapters.process.devices import is_device_array, is_device_type
 
 
 def as_variable(value):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tmpi_adapters.errors import MismatchError
+from tmpi_adapters.process.devices import is_device_array
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -26,8 +27,10 @@ def variable_name(variable: SharedVariable, index: int) -> str:
 
 
 def read_values(variables: Iterable[SharedVariable]) -> list[Array]:
-    """The numpy arrays behind shared variables, not copied (``borrow=True``)."""
-    return [v.get_value(borrow=True, return_internal_type=True) for v in variables]
+    """The numpy arrays behind shared variables, not copied (``borrow=True``);
+    a variable on a GPU is copied to the host."""
+    values = [v.get_value(borrow=True, return_internal_type=True) for v in variables]
+    return [np.asarray(a) if is_device_array(a) else a for a in values]
 
 
 def write_values(variables: Iterable[SharedVariable], arrays: Iterable[Array]) -> None:
@@ -135,7 +138,7 @@ class ModelProtocol:
             for i, v in enumerate(variables):
                 value = v.get_value(borrow=True, return_internal_type=True)
                 rows.append((group, variable_name(v, i), tuple(np.shape(value)),
-                             str(np.asarray(value).dtype)))
+                             str(np.dtype(value.dtype))))
         return rows
 
     # -- values ---------------------------------------------------------------

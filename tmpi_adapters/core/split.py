@@ -73,12 +73,14 @@ class SlicedGiven:
 
 def _shared_source(variable):
     """The shared variable ``variable`` is, or is an elementwise function of
-    (``T.cast(shared_y, 'int32')``), or ``None``."""
+    (``T.cast(shared_y, 'int32')``), or the host copy of (a dataset on a GPU),
+    or ``None``."""
     from theano.compile.sharedvalue import SharedVariable
     from theano.tensor.elemwise import Elemwise
     while not isinstance(variable, SharedVariable):
         node = variable.owner
-        if node is None or not isinstance(node.op, Elemwise) or len(node.inputs) != 1:
+        if node is None or len(node.inputs) != 1 or not (
+                isinstance(node.op, Elemwise) or type(node.op).__name__ == "HostFromGpu"):
             return None
         variable = node.inputs[0]
     return variable
@@ -95,7 +97,7 @@ class SlicedShared:
         self.value = variable[_along(axis, self.lo, self.hi)]
 
     def rows(self):
-        return np.shape(self.variable.get_value(borrow=True))[self.axis]
+        return np.shape(self.variable.get_value(borrow=True, return_internal_type=True))[self.axis]
 
 
 class SplitPlan:
@@ -199,9 +201,10 @@ class SplitPlan:
         values = list(args) + list(kwargs.values())
         for s, start, stop in zip(self.sliced, (bounds or [])[::2], (bounds or [])[1::2]):
             if s.dataset is not None:
-                data = s.dataset.get_value(borrow=True)
-                if isinstance(data, np.ndarray) and data.ndim > s.axis:
-                    values.append(data[_along(s.axis, start, stop)])
+                # A dataset on a GPU is sliced there: only the batch is copied.
+                data = s.dataset.get_value(borrow=True, return_internal_type=True)
+                if hasattr(data, "shape") and len(data.shape) > s.axis:
+                    values.append(np.asarray(data[_along(s.axis, start, stop)]))
         values += [s.variable.get_value(borrow=True) for s in self.shared]
         return values
 

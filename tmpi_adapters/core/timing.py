@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from tmpi_adapters.process.devices import describe as describe_device
+
 
 #: Keys of a step record's times, in the order they are reported.
 PHASES = ("compute", "comm", "wait", "data")
@@ -159,6 +161,9 @@ class Recorder:
             "mean_comm_s": float(avg[6]),
             "mean_wait_s": float(avg[7]),
             "mean_collectives_per_step": float(data[:, 5].mean()),
+            # Where each rank computed: "cpu", or its GPU (or OpenCL device).
+            "devices": ex.allgather_object(describe_device()) if self.session.size > 1
+            else [describe_device()],
         }
         return self.last_summary
 
@@ -221,6 +226,14 @@ class Recorder:
         threads = blas_threads()
         if threads:
             text += "; %d BLAS thread%s per rank" % (threads, "" if threads == 1 else "s")
+        devices = [d for d in summary.get("devices") or [] if d]
+        if any(d != "cpu" for d in devices):
+            if len(set(devices)) == 1:
+                text += "; %s %s" % ("device" if len(devices) == 1 else "every rank on",
+                                     devices[0])
+            else:
+                text += "; devices: " + ", ".join(
+                    "rank %d %s" % (r, d) for r, d in enumerate(devices))
         return text
 
 

@@ -24,16 +24,7 @@ anything on the CPU.
 """
 import numpy as np
 
-
-def is_device_array(array):
-    """True for a ``pygpu`` device array (what Theano's GPU backend computes)."""
-    return type(array).__module__.startswith("pygpu")
-
-
-def is_device_type(theano_type):
-    """True for the Theano type of a device variable (a ``GpuArrayType``;
-    Theano's host ``TensorType`` names a context too, "cpu")."""
-    return any(c.__name__ == "GpuArrayType" for c in type(theano_type).__mro__)
+from tmpi_adapters.process.devices import is_device_array
 
 
 class _Group:

@@ -114,7 +114,7 @@ class TheanoAdapter(FrameworkAdapter):
     def _mark(g, wrt):
         from theano.compile.sharedvalue import SharedVariable
         from theano.tensor import TensorVariable
-        from tmpi_adapters.exchangers.device import is_device_type
+        from tmpi_adapters.process.devices import is_device_type
         from tmpi_adapters.graphs.gradient import GradientMarker
         # On a GPU, shared variables live on the device and so do their gradients.
         if (isinstance(wrt, SharedVariable)

@@ -28,7 +28,7 @@ class GradientMarker(Op):
         self.index = next(_marker_ids) if index is None else index
 
     def make_node(self, grad):
-        from tmpi_adapters.exchangers.device import is_device_type
+        from tmpi_adapters.process.devices import is_device_type
         if not isinstance(grad, theano.gof.Variable) or not is_device_type(grad.type):
             grad = theano.tensor.as_tensor_variable(grad)   # a device gradient stays one
         return Apply(self, [grad], [grad.type()])

@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 
+from tmpi_adapters.process.devices import DEVICES_ENV
 from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.launch.arguments import add_run_arguments, check_choices, options_from_args
 
@@ -34,8 +35,8 @@ EXCHANGE_STRATEGIES = {
     "asa32": ("mpi", "native"),
     "copper16": ("mpi", "fp16"),
     "asa16": ("mpi", "fp16"),
-    "nccl32": ("nccl", "native"),
-    "nccl16": ("nccl", "fp16"),
+    "nccl32": ("mpi", "native"),
+    "nccl16": ("mpi", "fp16"),
 }
 CONFIG_KEYS = ("RULE", "MODELFILE", "MODELCLASS", "DEVICES", "BSP_SYNC_TYPE",
                "BSP_EXCH_STRATEGY")
@@ -146,6 +147,10 @@ def cmd_run(argv):
         options.precision = precision
     n = args.n or n or 1
     check_choices(options, n)
+    devices = config.get("DEVICES")
+    if devices:
+        # Rank r computes on DEVICES' entry r, as under Theano-MPI.
+        os.environ[DEVICES_ENV] = ",".join(devices.replace(" ", ",").split(","))
     driver_args = ["--modelfile", modelfile, "--modelclass", modelclass]
     if args.epochs:
         driver_args += ["--epochs", str(args.epochs)]
@@ -195,7 +200,8 @@ class TheanoMPIRule:
             command += ["--exchanger", exchanger]
         if precision and precision != "native":
             command += ["--precision", precision]
-        self.process = subprocess.Popen(command + list(extra_args))
+        self.process = subprocess.Popen(command + list(extra_args), env=dict(
+            os.environ, **{DEVICES_ENV: ",".join(devices)}))
         return self
 
     def wait(self):

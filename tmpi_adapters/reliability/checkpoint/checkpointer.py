@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 
+from tmpi_adapters.core.protocol import read_values
 from tmpi_adapters.errors import CheckpointError
 from tmpi_adapters.files import write_atomic
 from tmpi_adapters.process.jobdir import Progress, job_dir, mark
@@ -221,8 +222,8 @@ class Checkpointer:
                 "name": model.name,
                 "step": model.step,
                 "signature": model.signature(),
-                "values": [v.get_value(borrow=True, return_internal_type=True)
-                           for v in model.state_variables],
+                # Host arrays: a device run resumes on the CPU, and back.
+                "values": read_values(model.state_variables),
             } for model in session.models],
             "rule_state": session.rule.state_dict(),
             "plugins": plugins,

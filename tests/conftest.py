@@ -55,7 +55,7 @@ def warm_theano():
 #: two workers (pytest-xdist, ``--dist loadfile``) in collection order, so the
 #: longest start first and the workers finish together; files not named here
 #: follow in their usual order.
-LONGEST_FIRST = ["test_keras.py", "test_keras_example.py", "test_lasagne.py",
+LONGEST_FIRST = ["test_gpu.py", "test_keras.py", "test_keras_example.py", "test_lasagne.py",
                  "test_examples_lasagne.py", "test_bsp.py", "test_exchanger_fused.py",
                  "test_reliability_checkpoint.py", "test_reliability_restart.py",
                  "test_transparency_graphs.py",

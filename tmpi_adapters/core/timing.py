@@ -49,6 +49,8 @@ class Recorder:
     def __init__(self, session):
         self.session = session
         self.steps = []
+        #: the rows this rank computed, over every step
+        self.own_rows = 0
         self._last = self._last_record = None
         self.last_summary = None
         self.measured = None
@@ -90,8 +92,9 @@ class Recorder:
             float("nan") if samples is None else samples * self.session.size)
         self.steps.append((compute, comm, wait, self._data, global_samples,
                            stats["collectives"]))
+        self.own_rows += samples or 0
         self._last = (now, compute, comm, wait, self._data, global_samples, stats, outputs,
-                      model)
+                      model, samples)
         self._last_record = None
         self._last_end = now
         self._step_start = None
@@ -101,7 +104,8 @@ class Recorder:
         """The latest step's record (a dict; ``None`` before the first step),
         built when asked for: a step that nobody records costs nothing more."""
         if self._last_record is None and self._last is not None:
-            now, compute, comm, wait, data, global_samples, stats, outputs, model = self._last
+            now, compute, comm, wait, data, global_samples, stats, outputs, model, samples = \
+                self._last
             busy = compute + comm + wait + data
             self._last_record = {
                 "type": "step",
@@ -110,6 +114,7 @@ class Recorder:
                 "time_s": round(now - self.started, 6),
                 "compute_s": compute, "comm_s": comm, "wait_s": wait, "data_s": data,
                 "samples": None if np.isnan(global_samples) else int(round(global_samples)),
+                "rows": samples,        # this rank's share of them
                 "samples_per_s": global_samples / busy
                 if busy > 0 and not np.isnan(global_samples) else None,
                 "transfer_s": min(stats["transfer_s"], comm),
@@ -161,10 +166,13 @@ class Recorder:
             "mean_comm_s": float(avg[6]),
             "mean_wait_s": float(avg[7]),
             "mean_collectives_per_step": float(data[:, 5].mean()),
-            # Where each rank computed: "cpu", or its GPU (or OpenCL device).
-            "devices": ex.allgather_object(describe_device()) if self.session.size > 1
-            else [describe_device()],
         }
+        # Where each rank computed ("cpu", or its GPU or OpenCL device), and
+        # how many rows it computed in all: its share of every batch.
+        ranks = ex.allgather_object((describe_device(), int(self.own_rows))) \
+            if self.session.size > 1 else [(describe_device(), int(self.own_rows))]
+        self.last_summary["devices"] = [device for device, _ in ranks]
+        self.last_summary["rows_per_rank"] = [rows for _, rows in ranks]
         return self.last_summary
 
     #: Steps (the latest) whose exchanges the summary compares across ranks.

@@ -8,7 +8,8 @@ Theano's GPU backend takes its device from ``THEANO_FLAGS`` (``device=cuda``,
   several ranks may share one.  A numbered device (``device=cuda0``) is the
   one every rank of the host uses, as the flags say.
 * a Theano-MPI model's ``DEVICES`` list (``cuda0,cuda1``, passed as
-  ``TMPI_DEVICES``): rank r takes entry r.
+  ``TMPI_DEVICES``): rank r takes entry r, unless ``THEANO_FLAGS`` names a
+  device, or names none and the entry is a CUDA GPU where there is none.
 * ``device=opencl...``: every rank uses the device named.  Each rank gets a
   kernel cache of its own (pocl's cache is not safe for processes that build
   the same kernel at once: ranks compiling together crashed or failed to build
@@ -78,14 +79,27 @@ def gpu_count(environ=None):
 DEVICES_ENV = "TMPI_DEVICES"
 
 
+def has_cuda(environ=None):
+    """True where CUDA GPUs may be used: the NVIDIA driver lists some, or
+    ``CUDA_VISIBLE_DEVICES`` names some."""
+    environ = os.environ if environ is None else environ
+    if environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return gpu_count(environ) > 0
+    return os.path.isdir("/proc/driver/nvidia/gpus")
+
+
 def choose(rank, threads=None, environ=None):
     """Set this rank's device in ``environ`` (``os.environ``) before Theano is
     imported; ``threads``: the rank's share of the cores, if tmpi chose one."""
     environ = os.environ if environ is None else environ
     listed = [d.strip() for d in environ.get(DEVICES_ENV, "").split(",") if d.strip()]
-    if rank < len(listed) and listed[rank].startswith(("cuda", "opencl")):
-        environ["THEANO_FLAGS"] = with_device(environ.get("THEANO_FLAGS"), listed[rank])
     device = device_flag(environ.get("THEANO_FLAGS"))
+    if device is None and rank < len(listed) and (
+            listed[rank].startswith("opencl") or
+            listed[rank].startswith("cuda") and has_cuda(environ)):
+        # A device THEANO_FLAGS names wins (the cfg's cuda0,cuda1 on a CPU machine).
+        device = listed[rank]
+        environ["THEANO_FLAGS"] = with_device(environ.get("THEANO_FLAGS"), device)
     if device is None:
         return
     here = local_rank(rank, environ)
@@ -120,8 +134,9 @@ def describe():
     if theano is None:
         return None
     device = str(theano.config.device)
-    if device == "cpu":
-        return device
+    gpuarray = sys.modules.get("theano.gpuarray")
+    if device == "cpu" or not getattr(gpuarray, "pygpu_activated", False):
+        return "cpu"  # a device Theano could not open leaves it on the CPU
     try:
         from theano.gpuarray.type import get_context
         return "%s (%s)" % (device, get_context(None).devname.strip())

@@ -29,7 +29,12 @@ envelopes
 network
     2 ranks in network namespaces joined by an emulated link
     (:mod:`.remote`, :mod:`.network`); skipped, with the reason, where that
-    cannot run (not root, no ``ip netns``).
+    cannot run (not root, no ``ip netns``);
+device
+    the conv net on the device ``THEANO_FLAGS`` names (a GPU, or the OpenCL
+    device on the CPU): ``tmpi wrap -n 1`` against the plain script, and 2
+    ranks sharing the device against 2 independent half-batch processes
+    (:mod:`.device`); skipped, saying so, without a device.
 
 Every comparison interleaves its cases so that a shared, noisy machine slows
 all of them alike.  The results print as a table and, with ``--json``, land
@@ -50,7 +55,8 @@ from tmpi_adapters.bench import runs
 from tmpi_adapters.errors import TmpiError
 
 #: The parts of a run, in the order they run.
-PARTS = ("exchange", "overhead", "scaling", "processes", "collectives", "envelopes", "network")
+PARTS = ("exchange", "overhead", "scaling", "processes", "collectives", "envelopes", "network",
+         "device")
 
 #: ``--quick`` (CI-sized) and full settings.
 #:   width, repetitions: the AlexNet width and repetitions of the exchange;
@@ -84,6 +90,9 @@ BARS = {
     "network_fp16_over_fp32": ("<=", 0.6, 17, "emulated link: fp16 / fp32 exchange time"),
     "network_exchange_over_ring_floor": ("<=", 1.3, 17,
                                          "emulated link: fp32 exchange / ring floor"),
+    "device_overhead_1_rank": ("<=", 0.02, 32, "device: 1-rank overhead, conv net"),
+    "device_two_ranks_over_independent": (">=", 0.95, 32,
+                                          "device: 2 ranks sharing it / 2 independent processes"),
     "fused_over_raw_allreduce": ("<=", 1.1, None, "fused exchange / raw Allreduce"),
     "fp16_over_fp32": ("<=", 0.6, None, "fp16 / fp32 exchange time, shared memory"),
 }
@@ -149,6 +158,12 @@ def part_network(args, values, workdir, tick):
     return result
 
 
+def part_device(args, values, workdir, tick):
+    from tmpi_adapters.bench import device
+    return device.measure(workdir, args.device_batch_size, values["steps"], values["rounds"],
+                          tick)
+
+
 PART_RUNNERS = {name: globals()["part_" + name] for name in PARTS}
 
 
@@ -197,6 +212,12 @@ def headline(results, ranks):
         top["network_speedup"] = link.get("speedup_2_ranks")
         top["network_fp16_over_fp32"] = link.get("fp16_over_fp32")
         top["network_exchange_over_ring_floor"] = link.get("exchange_over_ring_floor")
+    device = results.get("device")
+    if device and "skipped" not in device:
+        top["device_overhead_1_rank"] = device["overhead_1_rank"]
+        top["device_two_ranks_over_independent"] = device["two_ranks_over_independent"]
+        top["device_two_ranks_over_one_process"] = device["two_ranks_over_one_process"]
+        top["device_exchange_ms_per_step"] = 1e3 * device["exchange_s_per_step"]
     return top
 
 
@@ -359,6 +380,24 @@ def _network_rows(network):
     return lines
 
 
+def _device_rows(device):
+    if "skipped" in device:
+        return ["", "device: skipped: %s" % device["skipped"]]
+    steps, rates = device["step_median_s"], device["samples_per_s"]
+    half = device["batch_size"] // 2
+    rows = ["| %s | %s | %.0f |" % (label, _ms(steps[key]), rates[key]) for key, label in (
+        ("plain", "plain script, batch %d" % device["batch_size"]),
+        ("wrapped_1", "tmpi wrap -n 1"),
+        ("wrapped_2", "tmpi wrap -n 2, sharing the device (%d rows each)" % half),
+        ("independent_2", "2 plain processes side by side, %d rows each" % half))]
+    rows.append("| 1-rank overhead %+.1f%% (%+.1f%% .. %+.1f%%); 2 ranks / 2 processes %.2f; "
+                "exchange %s per step | | |" % (
+                    100 * device["overhead_1_rank"], 100 * device["overhead_1_rank_range"][0],
+                    100 * device["overhead_1_rank_range"][1],
+                    device["two_ranks_over_independent"], _ms(device["exchange_s_per_step"])))
+    return _table(rows, ["conv net on %s" % device["device"], "step", "samples/s"])
+
+
 def _bars_rows(found):
     rows = []
     for key, bar in found.items():
@@ -378,7 +417,7 @@ def format_table(results):
     for part, rows in (("exchange", _exchange_rows), ("overhead", _overhead_rows),
                        ("scaling", _scaling_rows), ("processes", _processes_rows),
                        ("collectives", _collectives_rows), ("envelopes", _envelopes_rows),
-                       ("network", _network_rows)):
+                       ("network", _network_rows), ("device", _device_rows)):
         if results.get(part):
             lines += rows(results[part])
     others = [k for k in results.get("headline", {}) if k not in results.get("bars", {})]
@@ -425,6 +464,8 @@ def _parser():
                                         "(default 10gbit:50us,2gbit:50us)")
     parser.add_argument("--network-batch-size", type=int, default=64,
                         help="wide conv net rows per rank on a 10 Gbit/s link (default 64)")
+    parser.add_argument("--device-batch-size", type=int, default=128,
+                        help="the device part's conv net rows per step (default 128)")
     parser.add_argument("--no-torch", action="store_true",
                         help="skip torch.distributed even where it is installed")
     parser.add_argument("--no-progress", dest="progress", action="store_false",

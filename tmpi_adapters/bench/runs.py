@@ -19,8 +19,10 @@ import sys
 from tmpi_adapters.errors import TmpiError
 
 COMPILEDIR_ENV = "TMPI_BENCH_COMPILEDIR"
-#: BLAS/OpenMP thread settings a run's threads are given by.
-THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+#: BLAS/OpenMP thread settings a run's threads are given by (and pocl's, the
+#: OpenCL device on the CPU, which starts a thread per core otherwise).
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+              "POCL_MAX_PTHREAD_COUNT")
 #: Seconds any one process of the benchmark may take.
 TIMEOUT = 1800
 
@@ -36,18 +38,20 @@ def bench_compiledir():
         "tmpi", "theano-bench")
 
 
-def bench_environment(threads=1, extra=None):
+def bench_environment(threads=1, extra=None, device=False):
     """The environment of a benchmark process: ``threads`` BLAS threads
     (``None``: the libraries' own default, as users run a script), float32
-    Theano, the benchmark's compile cache, no inherited tmpi options."""
+    Theano, the benchmark's compile cache, no inherited tmpi options; on the
+    CPU unless ``device`` (then on the device ``THEANO_FLAGS`` names)."""
     env = dict(os.environ)
     for name in THREAD_ENV:
         if threads is None:
             env.pop(name, None)
         else:
             env[name] = str(threads)
+    drop = ("floatX=", "base_compiledir=", "compiledir=") + (() if device else ("device=",))
     flags = [f for f in env.get("THEANO_FLAGS", "").split(",")
-             if f and not f.startswith(("floatX=", "base_compiledir=", "compiledir="))]
+             if f and not f.strip().startswith(drop)]
     env["THEANO_FLAGS"] = ",".join(flags + ["floatX=float32",
                                             "base_compiledir=" + bench_compiledir()])
     env.pop("TMPI_OPTIONS", None)
@@ -56,10 +60,11 @@ def bench_environment(threads=1, extra=None):
     return env
 
 
-def run(command, what, threads=1, env=None):
+def run(command, what, threads=1, env=None, device=False):
     """Run ``command``; its stdout, or a :class:`TmpiError` naming ``what`` failed."""
     result = subprocess.run([str(c) for c in command],
-                            env=env or bench_environment(threads), stdout=subprocess.PIPE,
+                            env=env or bench_environment(threads, device=device),
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, timeout=TIMEOUT)
     if result.returncode != 0:
         raise TmpiError("the %s benchmark failed (exit %d): %s\n%s" % (

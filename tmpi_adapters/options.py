@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 OPTIONS_ENV = "TMPI_OPTIONS"
 
 SCALINGS = ("strong", "weak")
+BINDINGS = ("cores", "none")
 COMPILE_DIRS = ("shared", "per-rank")
 OUTPUTS = ("averaged", "local")
 LOSS_REDUCTIONS = ("mean", "sum")
@@ -157,6 +158,9 @@ class Options:
     compile_dirs: str = option("shared", "Theano compile cache: shared by the ranks, which "
                                          "compile at once (default), or one per rank",
                                choices=COMPILE_DIRS)
+    bind: str = option("cores", "each rank on cores of its own (default; an enclosing job's "
+                                "binding is kept), or none: the kernel places the ranks",
+                       choices=BINDINGS)
     summary: bool = option(True, "print the per-step time split at the end",
                            negate="--no-summary")
     #: raw ``name=value`` knobs of the rule (``--rule-option``)

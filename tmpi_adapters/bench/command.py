@@ -30,6 +30,10 @@ network
     2 ranks in network namespaces joined by an emulated link
     (:mod:`.remote`, :mod:`.network`); skipped, with the reason, where that
     cannot run (not root, no ``ip netns``);
+spread
+    the same short N-rank job of the tiny MLP, again and again, each rank
+    bound to cores of its own and with ``--bind none``, taking turns: the
+    slowest run's median step over the fastest's (:mod:`.spread`);
 device
     the conv net on the device ``THEANO_FLAGS`` names (a GPU, or the OpenCL
     device on the CPU): ``tmpi wrap -n 1`` against the plain script, and 2
@@ -56,7 +60,7 @@ from tmpi_adapters.errors import TmpiError
 
 #: The parts of a run, in the order they run.
 PARTS = ("exchange", "overhead", "scaling", "processes", "collectives", "envelopes", "network",
-         "device")
+         "spread", "device")
 
 #: ``--quick`` (CI-sized) and full settings.
 #:   width, repetitions: the AlexNet width and repetitions of the exchange;
@@ -67,9 +71,11 @@ PARTS = ("exchange", "overhead", "scaling", "processes", "collectives", "envelop
 #:   links, network_*: the network part's links, steps, rounds, repetitions.
 PRESETS = {
     "quick": {"width": 0.25, "repetitions": 5, "steps": 8, "rounds": 2, "scale": 0.25,
+              "spread_runs": 10, "spread_steps": 60,
               "tiny_epochs": 2, "tiny_rows": 2000, "links": "2gbit:50us",
               "network_steps": 4, "network_rounds": 1, "network_repetitions": 3},
     "full": {"width": 1.0, "repetitions": 9, "steps": 20, "rounds": 3, "scale": 0.5,
+             "spread_runs": 10, "spread_steps": 100,
              "tiny_epochs": 2, "tiny_rows": 4000, "links": "10gbit:50us,2gbit:50us",
              "network_steps": 6, "network_rounds": 2, "network_repetitions": 7},
 }
@@ -90,6 +96,7 @@ BARS = {
     "network_fp16_over_fp32": ("<=", 0.6, 17, "emulated link: fp16 / fp32 exchange time"),
     "network_exchange_over_ring_floor": ("<=", 1.3, 17,
                                          "emulated link: fp32 exchange / ring floor"),
+    "spread_bound": ("<=", 2.0, 35, "the same short 2-rank job: slowest / fastest median step"),
     "device_overhead_1_rank": ("<=", 0.02, 32, "device: 1-rank overhead, conv net"),
     "device_two_ranks_over_independent": (">=", 0.95, 32,
                                           "device: 2 ranks sharing it / 2 independent processes"),
@@ -158,6 +165,11 @@ def part_network(args, values, workdir, tick):
     return result
 
 
+def part_spread(args, values, workdir, tick):
+    from tmpi_adapters.bench import spread
+    return spread.measure(args.ranks, values["spread_runs"], values["spread_steps"], tick)
+
+
 def part_device(args, values, workdir, tick):
     from tmpi_adapters.bench import device
     return device.measure(workdir, args.device_batch_size, values["steps"], values["rounds"],
@@ -212,6 +224,10 @@ def headline(results, ranks):
         top["network_speedup"] = link.get("speedup_2_ranks")
         top["network_fp16_over_fp32"] = link.get("fp16_over_fp32")
         top["network_exchange_over_ring_floor"] = link.get("exchange_over_ring_floor")
+    found = results.get("spread")
+    if found:
+        top["spread_bound"] = found["spread"]["bound"]
+        top["spread_unbound"] = found["spread"]["unbound"]
     device = results.get("device")
     if device and "skipped" not in device:
         top["device_overhead_1_rank"] = device["overhead_1_rank"]
@@ -380,6 +396,16 @@ def _network_rows(network):
     return lines
 
 
+def _spread_rows(found):
+    rows = ["| %s | %s | %.2f |" % (
+        "each rank on cores of its own" if v == "bound" else "--bind none",
+        " ".join("%.2f" % (m * 1e3) for m in found["step_median_s"][v]), found["spread"][v])
+        for v in ("bound", "unbound")]
+    return _table(rows, ["%d runs of %d ranks, tiny MLP, %d steps" % (
+        found["runs"], found["ranks"], found["steps"]), "median step of each run (ms)",
+        "slowest / fastest"])
+
+
 def _device_rows(device):
     if "skipped" in device:
         return ["", "device: skipped: %s" % device["skipped"]]
@@ -417,7 +443,8 @@ def format_table(results):
     for part, rows in (("exchange", _exchange_rows), ("overhead", _overhead_rows),
                        ("scaling", _scaling_rows), ("processes", _processes_rows),
                        ("collectives", _collectives_rows), ("envelopes", _envelopes_rows),
-                       ("network", _network_rows), ("device", _device_rows)):
+                       ("network", _network_rows), ("spread", _spread_rows),
+                       ("device", _device_rows)):
         if results.get(part):
             lines += rows(results[part])
     others = [k for k in results.get("headline", {}) if k not in results.get("bars", {})]

@@ -213,6 +213,12 @@ class Session:
         summary = self.recorder.summary()
         if summary and self.options.summary:
             self.print(self.recorder.format_summary(summary))
+        for core, ranks in (summary or {}).get("shared_cores") or ():
+            self.print("tmpi: warning: ranks %s kept running on core %d while a core of "
+                       "theirs was free, so each waited for the other's time slice: let tmpi "
+                       "bind each rank to cores of its own (leave out --bind none), or give "
+                       "the job's ranks cores of their own (srun --cpu-bind=cores)."
+                       % (" and ".join(map(str, ranks)), core), file=sys.stderr)
         return summary
 
     def _seed(self):

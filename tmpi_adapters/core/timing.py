@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from tmpi_adapters.process import binding
+from tmpi_adapters.process.binding import current_cpu
 from tmpi_adapters.process.devices import describe as describe_device
 
 
@@ -51,6 +53,8 @@ class Recorder:
         self.steps = []
         #: the rows this rank computed, over every step
         self.own_rows = 0
+        #: the cores this rank was seen running on, every 8th step
+        self.cpus = []
         self._last = self._last_record = None
         self.last_summary = None
         self.measured = None
@@ -93,6 +97,8 @@ class Recorder:
         self.steps.append((compute, comm, wait, self._data, global_samples,
                            stats["collectives"]))
         self.own_rows += samples or 0
+        if len(self.steps) % 8 == 1:
+            self.cpus.append(current_cpu())  # where the rank ran, now and then
         self._last = (now, compute, comm, wait, self._data, global_samples, stats, outputs,
                       model, samples)
         self._last_record = None
@@ -169,10 +175,18 @@ class Recorder:
         }
         # Where each rank computed ("cpu", or its GPU or OpenCL device), and
         # how many rows it computed in all: its share of every batch.
-        ranks = ex.allgather_object((describe_device(), int(self.own_rows))) \
-            if self.session.size > 1 else [(describe_device(), int(self.own_rows))]
-        self.last_summary["devices"] = [device for device, _ in ranks]
-        self.last_summary["rows_per_rank"] = [rows for _, rows in ranks]
+        # Where each rank computed ("cpu", or its GPU or OpenCL device), how
+        # many rows it computed in all (its share of every batch), on which
+        # cores it could run and which ones it was seen on.
+        mine = (describe_device(), int(self.own_rows), binding.BOUND or binding.cores(),
+                [c for c in self.cpus if c is not None])
+        ranks = ex.allgather_object(mine) if self.session.size > 1 else [mine]
+        self.last_summary["devices"] = [r[0] for r in ranks]
+        self.last_summary["rows_per_rank"] = [r[1] for r in ranks]
+        self.last_summary["cores"] = [r[2] for r in ranks]
+        self.last_summary["cpus_seen"] = [r[3] for r in ranks]
+        self.last_summary["shared_cores"] = binding.shared_while_free(
+            [(r[2], r[3]) for r in ranks])
         return self.last_summary
 
     #: Steps (the latest) whose exchanges the summary compares across ranks.
@@ -234,6 +248,9 @@ class Recorder:
         threads = blas_threads()
         if threads:
             text += "; %d BLAS thread%s per rank" % (threads, "" if threads == 1 else "s")
+        cores = summary.get("cores") or []
+        if summary["ranks"] > 1 and cores:
+            text += "; cores " + " | ".join(binding.describe(c) for c in cores)
         devices = [d for d in summary.get("devices") or [] if d]
         if any(d != "cpu" for d in devices):
             if len(set(devices)) == 1:

@@ -129,8 +129,8 @@ def _run_distributed(main: Callable[_P, _R], args: tuple[Any, ...], kwargs: dict
     rank, size = mpi_rank_size()
     output.route_output(opts, rank, size)
     from mpi4py import MPI
-    from tmpi_adapters.process.threads import share_cores
-    share_cores(MPI.COMM_WORLD)
+    from tmpi_adapters.process.binding import settle
+    settle(MPI.COMM_WORLD, opts.bind)
     runtime.quiet_compile_lock(opts, size)
     from tmpi_adapters.core.session import Session
     session = None

@@ -15,7 +15,7 @@ import sys
 from tmpi_adapters.launch.target import (as_python_runs, detect_framework, parse_argv,
                                          run_target, take_decorator_options, target_file)
 from tmpi_adapters.options import Options
-from tmpi_adapters.process import compat, devices
+from tmpi_adapters.process import binding, compat, devices
 from tmpi_adapters.process.failure import (end_after_failure, end_preempted, end_quietly,
                                            ends_cleanly, exit_status, finish_after_failure)
 from tmpi_adapters.process.jobdir import mark
@@ -91,8 +91,9 @@ def main(argv=None):
         take_decorator_options(options, target, rank)
         if not options.framework:
             options.framework = detect_framework(target) or "theano"
-        threads = os.environ.get("OMP_NUM_THREADS", "")
-        devices.choose(rank, threads=int(threads) if threads.isdigit() else None)
+        from mpi4py import MPI
+        chosen = binding.settle(MPI.COMM_WORLD, options.bind)
+        devices.choose(rank, threads=len(chosen) if size > 1 else None)
         import_theano_in_rank_order(options, rank, size)
         from tmpi_adapters.core.session import Session
         with as_python_runs(target, args):  # until the final checkpoint is written

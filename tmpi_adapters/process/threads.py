@@ -53,18 +53,3 @@ def limit_blas_threads(threads):
         threadpool_limits(threads)
     except ImportError:
         pass
-
-
-def share_cores(comm):
-    """Ranks started by another launcher (``mpiexec -n 4 python script.py``
-    with the decorator): share this machine's cores among its ranks as
-    ``tmpi wrap`` does, unless the environment already says how many threads
-    (collective: every rank of ``comm`` calls it)."""
-    if comm.Get_size() == 1:
-        return
-    from mpi4py import MPI
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    ranks_here = local.Get_size()
-    local.Free()
-    if not any(os.environ.get(name) for name in THREAD_ENV):
-        limit_blas_threads(max(1, usable_cores() // ranks_here))

@@ -51,6 +51,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -167,7 +168,8 @@ def part_network(args, values, workdir, tick):
 
 def part_spread(args, values, workdir, tick):
     from tmpi_adapters.bench import spread
-    return spread.measure(args.ranks, values["spread_runs"], values["spread_steps"], tick)
+    return spread.measure(args.ranks, values["spread_runs"], values["spread_steps"],
+                          values["rounds"], values["steps"], tick)
 
 
 def part_device(args, values, workdir, tick):
@@ -228,6 +230,8 @@ def headline(results, ranks):
     if found:
         top["spread_bound"] = found["spread"]["bound"]
         top["spread_unbound"] = found["spread"]["unbound"]
+        for model, cost in found["binding_cost"].items():
+            top["binding_cost_" + model] = cost["bound_over_unbound"]
     device = results.get("device")
     if device and "skipped" not in device:
         top["device_overhead_1_rank"] = device["overhead_1_rank"]
@@ -401,6 +405,10 @@ def _spread_rows(found):
         "each rank on cores of its own" if v == "bound" else "--bind none",
         " ".join("%.2f" % (m * 1e3) for m in found["step_median_s"][v]), found["spread"][v])
         for v in ("bound", "unbound")]
+    rows += ["| %s, bound / unbound median step | %s / %s | %.3f |" % (
+        model, _ms(statistics.median(c["step_median_s"]["bound"])),
+        _ms(statistics.median(c["step_median_s"]["unbound"])), c["bound_over_unbound"])
+        for model, c in found.get("binding_cost", {}).items()]
     return _table(rows, ["%d runs of %d ranks, tiny MLP, %d steps" % (
         found["runs"], found["ranks"], found["steps"]), "median step of each run (ms)",
         "slowest / fastest"])

@@ -4,6 +4,9 @@
 #   make bench  - install, then the full benchmark into bench/results/
 #   make blocks BLOCKS_SRC=path/to/blocks - install, then Blocks and Fuel (docs/blocks.md)
 
+# The venv's Python: PYTHON= if given, else python3 where tmpi supports it
+# (3.11, 3.12), else the newest supported python3.X found; tools/python.sh
+# says which it took, or stops at once with how to get one.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -20,14 +23,21 @@ PIPCONF = $(VENV)/pip.conf
 PLUGIN_SOURCES = $(wildcard $(addsuffix /setup.py,$(PLUGINS)) $(addsuffix /pyproject.toml,$(PLUGINS)) \
                             $(addsuffix /README.md,$(PLUGINS)) $(addsuffix /tmpi_plugin_*/*.py,$(PLUGINS)))
 
-.PHONY: install demo test bench blocks gpu wheels clean
+.PHONY: install demo test bench blocks gpu wheels clean venv
 
 install: $(STAMP) $(WHEELS) $(PIPCONF)
 
+# Every make: creates the venv if missing; an existing one must be of a
+# supported Python, and of PYTHON='s where that is given (else a 3.11 venv
+# would quietly stand in for PYTHON=python3.12).
+venv:
+	@$(SHELL) tools/python.sh venv "$(VENV)" "$(PYTHON)" "$(origin PYTHON)"
+
 # Re-installs only when packaging files change; editable installs pick up
-# code changes without it.
-$(STAMP): setup.py pyproject.toml constraints.txt Makefile $(wildcard plugins/*/setup.py)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+# code changes without it.  On Python 3.12 Theano's own setup needs
+# tools/install_theano.py first (a no-op before 3.12).
+$(STAMP): setup.py pyproject.toml constraints.txt Makefile $(wildcard plugins/*/setup.py) | venv
+	$(BIN)/python tools/install_theano.py --quiet -c constraints.txt
 	$(PIP) install --quiet --disable-pip-version-check -c constraints.txt wheel \
 		-e ".[$(EXTRAS)]" $(addprefix -e ,$(PLUGINS))
 	$(BIN)/python -m tmpi_adapters.process.compat --install-startup-hook

@@ -51,16 +51,29 @@ setup(
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
     license="BSD-3-Clause",
-    python_requires=">=3.9",
+    # Verified on 3.11 and 3.12 (the suite passes on each).  Theano 1.0.5's C
+    # code does not compile against numpy 2, the only numpy with 3.13 wheels;
+    # pip names this range to a user of any other Python.
+    python_requires=">=3.11,<3.13",
     packages=find_packages(include=["tmpi_adapters", "tmpi_adapters.*"]),
     # The public API is annotated (PEP 561): type checkers read tmpi's types.
     package_data={"tmpi_adapters": ["py.typed"]},
     install_requires=[
         # Theano 1.0.5 is the last Theano; it breaks on numpy >= 1.24 (np.bool & co.)
-        # and on scipy >= 1.12.
-        "theano==1.0.5",
-        "numpy>=1.21,<1.24",
-        "scipy<1.12",
+        # and on scipy >= 1.12.  On Python 3.12, whose first numpy is 1.26, the
+        # shims in process/compat.py restore what it needs (numpy.distutils, the
+        # aliases); its sdist's setup needs tools/install_theano.py there.
+        # "python_version<'3.13'": pip builds a requirement's sdist before it
+        # checks tmpi's python_requires (it checks that last), and on 3.13 these
+        # have no wheels: Theano's setup or numpy's build would stop pip with a
+        # traceback instead of python_requires' one line.
+        "theano==1.0.5; python_version<'3.13'",
+        "numpy>=1.21,<1.24; python_version<'3.12'",
+        "numpy>=1.26,<1.27; python_version=='3.12'",
+        "scipy<1.12; python_version<'3.13'",
+        # Theano imports distutils, which Python 3.12 dropped; setuptools
+        # provides it.
+        "setuptools>=60; python_version>='3.12'",
         "mpi4py>=4.0",
         # The MPICH wheel gives every install a working mpiexec; Theano also
         # imports mpi4py and fails without an MPI library.
@@ -69,7 +82,7 @@ setup(
         "pluggy>=1.2,<2",
         # scikit-learn's digits ship inside the wheel (demo and tests data);
         # newer releases pull numpy >= 1.24.
-        "scikit-learn<1.4",
+        "scikit-learn<1.4; python_version<'3.13'",
         # Progress bars on rank 0 and `tmpi plot`.
         "tqdm",
         "matplotlib",
@@ -77,8 +90,10 @@ setup(
     extras_require={
         "keras": ["keras==2.3.1", "h5py"],
         # Lasagne 0.1 imports pkg_resources, which setuptools 81 and later
-        # no longer ship (torch, for one, pulls a newer setuptools in).
-        "lasagne": ["lasagne==0.1", "setuptools<81"],
+        # no longer ship (torch, for one, pulls a newer setuptools in) and
+        # setuptools 80 warns about at every import (3.12's venvs start with
+        # no setuptools, so pip would take 80).
+        "lasagne": ["lasagne==0.1", "setuptools<80"],
         # The suite runs its test files on two workers: most of a test is
         # waiting for ranks to start, import and compile, which leaves a core idle.
         # mypy checks the public API's annotations (tests/test_types.py).

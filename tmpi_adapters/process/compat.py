@@ -1,4 +1,5 @@
-"""Compatibility shims that let the 2017-era Theano stack run on Python 3.11.
+"""Compatibility shims that let the 2017-era Theano stack run on Python 3.11
+and 3.12.
 
 Every shim lives here and restores one thing, saying why.  They are applied
 in one of two ways, never by importing ``tmpi_adapters``:
@@ -92,12 +93,15 @@ def theano_flags(env=None, **extra):
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     """Runs callbacks just before a watched module is imported
     (:attr:`before`) or right after it finished importing (:attr:`callbacks`),
-    and serves modules that exist only as aliases (:attr:`aliases`)."""
+    serves modules that exist only as aliases (:attr:`aliases`), and modules
+    that newer Pythons or numpy removed where nothing else provides them
+    (:attr:`fallbacks`)."""
 
     def __init__(self):
         self.callbacks = {}
         self.before = {}
         self.aliases = {}
+        self.fallbacks = {}
         self._busy = set()
 
     def find_spec(self, name, path=None, target=None):
@@ -105,14 +109,16 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
             callback()
         if name in self.aliases:
             return importlib.util.spec_from_loader(name, _AliasLoader(self.aliases.pop(name)))
-        if name not in self.callbacks or name in self._busy:
+        if name in self._busy or (name not in self.callbacks and name not in self.fallbacks):
             return None
         self._busy.add(name)
         try:
             spec = importlib.util.find_spec(name)
         finally:
             self._busy.discard(name)
-        if spec is None or spec.loader is None:
+        if spec is None and name in self.fallbacks:
+            return importlib.util.spec_from_loader(name, _AliasLoader(self.fallbacks.pop(name)))
+        if spec is None or spec.loader is None or name not in self.callbacks:
             return spec
         loader = spec.loader
         exec_module = loader.exec_module
@@ -299,6 +305,150 @@ def _version_ops_without_props(cc):
     linker.cmodule_key_ = cmodule_key_
 
 
+# -- what Python 3.12 and numpy 1.24 removed (numpy 1.26 is 3.12's first numpy);
+# each shim is lazy and does nothing where the name still exists (Python 3.11
+# with numpy 1.23 is left as it is).
+
+#: numpy's aliases of builtins and old names that numpy 1.24 removed, as numpy
+#: 1.23 answered them (with its DeprecationWarning).
+_NUMPY_ALIASES = {"bool": bool, "int": int, "float": float, "complex": complex,
+                  "object": object, "str": str, "long": int, "unicode": str}
+
+
+def _restore_numpy_aliases(numpy):
+    # 2017-era scripts and Keras' numpy backend use np.int, np.float, np.bool
+    # & co., which numpy 1.24 removed (3.12 has no older numpy); served again
+    # with the DeprecationWarning numpy 1.23 gave.
+    original = getattr(numpy, "__getattr__", None)
+    if original is None or getattr(original, "_tmpi_shim", False):
+        return
+    import warnings
+    aliases = dict(_NUMPY_ALIASES, typeDict=numpy.sctypeDict)
+    missing = {}
+    for name, value in aliases.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy 1.26 warns on the way to its error
+            try:
+                original(name)
+            except AttributeError:
+                missing[name] = value
+    if not missing:
+        return
+
+    def __getattr__(name):
+        if name not in missing:
+            return original(name)
+        value = missing[name]
+        warnings.warn("`np.%s` is a deprecated alias (removed in numpy 1.24, restored by tmpi "
+                      "for old scripts): use `%s`" % (name, "np.sctypeDict" if name == "typeDict"
+                                                      else value.__name__),
+                      DeprecationWarning, stacklevel=2)
+        return value
+
+    __getattr__._tmpi_shim = True
+    numpy.__getattr__ = __getattr__
+
+
+def _distutils_module():
+    # Theano's C compiler driver imports distutils (sysconfig, spawn), which
+    # Python 3.12 removed; setuptools carries a copy (what its own
+    # distutils-precedence.pth serves, where that is active).
+    try:
+        module = importlib.import_module("setuptools._distutils")
+    except ImportError:
+        raise ModuleNotFoundError(
+            "No module named 'distutils': Python 3.12 removed it and Theano 1.0.5 imports "
+            "it; install setuptools, which provides it: pip install 'setuptools<80'",
+            name="distutils") from None
+    module.__name__ = "distutils"
+    return module
+
+
+def _restore_configparser_names(configparser):
+    # Python 3.12 removed SafeConfigParser (ConfigParser since 3.2) and readfp
+    # (read_file), which 2017-era code and setups still call.
+    if not hasattr(configparser, "SafeConfigParser"):
+        configparser.SafeConfigParser = configparser.ConfigParser
+    if not hasattr(configparser.RawConfigParser, "readfp"):
+        def readfp(self, fp, filename=None):
+            return self.read_file(fp, source=filename)
+        configparser.RawConfigParser.readfp = readfp
+
+
+#: unittest.TestCase's old names that Python 3.12 removed, and what they were.
+_UNITTEST_ALIASES = {
+    "failUnlessEqual": "assertEqual", "assertEquals": "assertEqual",
+    "failIfEqual": "assertNotEqual", "assertNotEquals": "assertNotEqual",
+    "failUnlessAlmostEqual": "assertAlmostEqual", "assertAlmostEquals": "assertAlmostEqual",
+    "failIfAlmostEqual": "assertNotAlmostEqual", "assertNotAlmostEquals": "assertNotAlmostEqual",
+    "failUnless": "assertTrue", "assert_": "assertTrue", "failUnlessRaises": "assertRaises",
+    "failIf": "assertFalse", "assertRaisesRegexp": "assertRaisesRegex",
+    "assertRegexpMatches": "assertRegex", "assertNotRegexpMatches": "assertNotRegex",
+}
+
+
+def _restore_unittest_aliases(unittest):
+    # Python 3.12 removed TestCase's old names (assertEquals, failUnless, ...)
+    # and assertDictContainsSubset, which the tests beside 2017-era models use.
+    case = unittest.TestCase
+    for old, new in _UNITTEST_ALIASES.items():
+        if not hasattr(case, old):
+            setattr(case, old, _deprecated_alias(old, getattr(case, new)))
+    if not hasattr(case, "assertDictContainsSubset"):
+        def assertDictContainsSubset(self, subset, dictionary, msg=None):
+            missing = [repr(k) for k in subset if k not in dictionary]
+            mismatched = ["%r, expected: %r, actual: %r" % (k, v, dictionary[k])
+                          for k, v in subset.items() if k in dictionary and dictionary[k] != v]
+            if missing or mismatched:
+                parts = (["Missing: " + ",".join(missing)] if missing else []) + (
+                    ["Mismatched values: " + "; ".join(mismatched)] if mismatched else [])
+                self.fail(self._formatMessage(msg, "; ".join(parts)))
+        case.assertDictContainsSubset = assertDictContainsSubset
+
+
+def _deprecated_alias(old, method):
+    def alias(self, *args, **kwargs):
+        import warnings
+        warnings.warn("Please use %s instead." % method.__name__, DeprecationWarning, 2)
+        return method(self, *args, **kwargs)
+    alias.__name__ = old
+    return alias
+
+
+def _quiet_invalid_escapes():
+    # Python 3.12 reports invalid escape sequences ("\\s" in a docstring, common
+    # in 2017-era scripts) as a SyntaxWarning at every run, where 3.11 raised a
+    # DeprecationWarning that is hidden by default; left alone where the user
+    # chose warnings (-W, PYTHONWARNINGS).
+    if sys.version_info >= (3, 12) and not sys.warnoptions:
+        import warnings
+        warnings.filterwarnings("ignore", "invalid escape sequence", SyntaxWarning)
+
+
+def _standin(name):
+    """The builder of stand-in module ``name`` (in standins.py, imported only
+    when a script imports what it stands in for)."""
+    def make():
+        from tmpi_adapters.process import standins
+        return getattr(standins, name)()
+    return make
+
+
+def _for_removed_names():
+    _quiet_invalid_escapes()
+    # Python 3.12 removed imp; 2017-era scripts load configs and model
+    # definitions with imp.load_source / find_module / load_module / reload.
+    _finder.fallbacks.setdefault("imp", _standin("imp"))
+    _finder.fallbacks.setdefault("distutils", _distutils_module)
+    # Theano imports numpy.distutils for numpy's headers and BLAS info, which
+    # numpy dropped on Python 3.12.
+    _finder.fallbacks.setdefault("numpy.distutils", _standin("numpy_distutils"))
+    when_imported("numpy", _restore_numpy_aliases)
+    when_imported("configparser", _restore_configparser_names)
+    when_imported("unittest", _restore_unittest_aliases)
+    _watch()
+
+
 def _for_old_libraries():
     _restore_collections_aliases()
     _restore_getargspec()
@@ -316,6 +466,7 @@ def apply():
     if _applied:
         return
     _applied = True
+    _for_removed_names()
     _for_old_libraries()
     _for_theano()
     _alias_lasagne_downsample()
@@ -335,6 +486,7 @@ def install():
     """
     if _applied:
         return
+    _for_removed_names()
     before_import("theano", _for_theano)
     for name in OLD_LIBRARIES:
         before_import(name, _for_old_libraries)

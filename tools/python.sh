@@ -74,8 +74,8 @@ why() {
 }
 
 how_to_get_one() {
-    say "Get Python 3.12 (or 3.11) one of these ways, then run make again: it finds python3.12"
-    say "or python3.11 on PATH, or name one, e.g. make demo PYTHON=/path/to/python3.12."
+    say "Get Python 3.12 (or 3.11) one of these ways, then run make again (it looks for python3.12"
+    say "and python3.11 on PATH and in pyenv), or name one: make demo PYTHON=/path/to/python3.12"
     say "  your distribution:  apt install python3.12-venv (Ubuntu 24.04), dnf install python3.12 (Fedora, RHEL 9);"
     say "                      Debian 12's python3 is 3.11: apt install python3-venv"
     say "  pyenv:              pyenv install 3.12  (make finds it without pyenv global)"

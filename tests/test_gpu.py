@@ -132,13 +132,15 @@ def test_lasagne_with_dropout_on_the_device_matches_one_rank():
 
 
 @pytest.mark.mpi
-def test_keras_recurrent_model_on_the_device_matches_one_rank():
+def test_keras_noise_layers_on_the_device_match_one_rank():
+    """Dropout, GaussianNoise and GaussianDropout drawing on the device.  (Its
+    recurrent models match too, but Theano's scan runs in Python on the host
+    here: minutes, so the suite leaves them to the CPU tests.)"""
     script = SCRIPTS / "transparency_keras_models.py"
     env = device_env(KERAS_BACKEND="theano")
-    one = wrap(1, "--seed", 0, script, "recurrent,noise", env=env)
-    two = wrap(2, "--seed", 0, script, "recurrent,noise", env=env)
-    for key in ("recurrent loss", "recurrent val_loss", "recurrent weights", "noise loss",
-                "noise weights"):
+    one = wrap(1, "--seed", 0, script, "noise", env=env)
+    two = wrap(2, "--seed", 0, script, "noise", env=env)
+    for key in ("noise loss", "noise val_loss", "noise evaluate", "noise weights"):
         same(two, one, (key,), rtol=1e-8)
     distributed_on_the_device(two, 2)
 

@@ -13,7 +13,8 @@ from conftest import EXAMPLES, ROOT, RUN_TIMEOUT, SCRIPTS, TMPI, check, rank_env
 
 MLP = EXAMPLES / "theano_mlp" / "train.py"
 STEP_KEYS = {"type", "model", "step", "time_s", "compute_s", "comm_s", "wait_s", "data_s",
-             "collectives", "samples", "samples_per_s", "transfer_s", "wire_bytes", "outputs"}
+             "collectives", "samples", "rows", "samples_per_s", "transfer_s", "wire_bytes",
+             "outputs"}
 
 
 def read_records(path):
@@ -40,6 +41,9 @@ def check_record(records, ranks, rows=1500, batches=24):
     # Every rank's rows, once: the global sample count of each step.
     assert sum(s["samples"] for s in steps) == rows
     assert summary["type"] == "summary" and summary["samples"] == rows
+    # Each rank's share of the rows, its device and its cores.
+    assert sum(summary["rows_per_rank"]) == rows and len(summary["rows_per_rank"]) == ranks
+    assert summary["devices"] == ["cpu"] * ranks and len(summary["cores"]) == ranks
     assert summary["ranks"] == ranks and summary["samples_per_s"] > 0
 
 

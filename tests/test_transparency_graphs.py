@@ -162,6 +162,8 @@ def test_blocks_time_major_sequence_model_matches_one_rank():
     for n in (2, 3):
         result = check(tmpi("wrap", "-n", str(n), BLOCKS, env=python_env()))
         assert_same_numbers(result, one, keys)
+        # A vector per time step: each rank's own, and said so.
+        assert "channel(s) per_step_cost are rank 0's own values" in result.stderr
 
 
 # ------------------------------------------------------------- graphs read in this process

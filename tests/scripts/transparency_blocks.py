@@ -5,8 +5,9 @@ with a ``GatedRecurrent`` transition reads ``(time, batch)`` integer batches
 (Blocks' and Fuel's layout for sequences: ``scan`` iterates over axis 0), its
 cost ``mean(cost_matrix.sum(), x.shape[1])``.  Monitored on every batch: the
 cost, the batch's rows (``x.shape[1]``), the sequence length (``x.shape[0]``),
-the largest per-step cost; a ``DataStreamMonitoring`` evaluates a time-major
-validation stream.
+the largest per-step cost, and the cost of each time step (a vector, which
+stays each rank's own, with a warning); a ``DataStreamMonitoring`` evaluates
+a time-major validation stream.
 
     tmpi wrap -n 2 transparency_blocks.py
 
@@ -79,12 +80,13 @@ def main():
     rows = x.shape[1].copy(name="batch_rows")
     steps = x.shape[0].copy(name="time_steps")
     top = cost_matrix.max().copy(name="max_step_cost")
+    per_step = cost_matrix.sum(axis=1).copy(name="per_step_cost")  # one value per time step
     parameters = list(Selector(generator).get_parameters().values())
     algorithm = GradientDescent(cost=cost, parameters=parameters, step_rule=Scale(0.05))
     main_loop = MainLoop(
         algorithm=algorithm, data_stream=stream(train, 10), model=Model(cost),
         extensions=[FinishAfter(after_n_batches=6),
-                    TrainingDataMonitoring([cost, rows, steps, top], prefix="train",
+                    TrainingDataMonitoring([cost, rows, steps, top, per_step], prefix="train",
                                            after_batch=True),
                     DataStreamMonitoring([cost, rows], stream(valid, 5), prefix="valid",
                                          after_epoch=True)])

@@ -87,11 +87,40 @@ def classify(variable, data, default="mean", rows=None, strict=True):
     kind = _reduced_kind(variable, data, rows)
     if kind is None and rows is not None and not strict:
         kind = _reduced_kind(variable, data, None, batch_axes=rows.batch_axes)
+        if kind is None:
+            # The extremum of every element (a scan's steps and rows alike) is
+            # the extremum over ranks, whatever axis the rows are on; never a mean.
+            kind = _extremum_of_everything(variable)
         if kind is None and _sizes_without_batch(variable, rows):
             kind = default  # shaped like a parameter (a gradient): not one value per row
     if kind is not None:
         return kind
     return default if getattr(variable, "ndim", 0) == 0 else UNDECIDED
+
+
+def _extremum_of_everything(variable):
+    """``"max"``/``"min"`` for a maximum/minimum over every axis of a value
+    (through copies, casts and dimshuffles), else ``None``."""
+    from theano import scalar
+    from theano.tensor.elemwise import CAReduce, DimShuffle, Elemwise
+    while variable.owner is not None and (isinstance(variable.owner.op, DimShuffle) or (
+            isinstance(variable.owner.op, Elemwise)
+            and isinstance(variable.owner.op.scalar_op, (scalar.Identity, scalar.Cast)))):
+        variable = variable.owner.inputs[0]
+    node = variable.owner
+    if node is None:
+        return None
+    source, axes = node.inputs[0], getattr(node.op, "axis", None)
+    if axes is not None and set(axes) != set(range(source.ndim)):
+        return None
+    if type(node.op).__name__ == "MaxAndArgmax":
+        return "max" if node.outputs.index(variable) == 0 else None
+    if isinstance(node.op, CAReduce):
+        if isinstance(node.op.scalar_op, scalar.Maximum):
+            return "max"
+        if isinstance(node.op.scalar_op, scalar.Minimum):
+            return "min"
+    return None
 
 
 def _depends(variable, data):

@@ -43,6 +43,7 @@ What is hooked, and why:
 Nothing here imports Blocks until a session actually uses this adapter.
 """
 import importlib
+import sys
 
 from tmpi_adapters.core.function import DistributedFunction
 from tmpi_adapters.graphs.marks import is_marker
@@ -50,7 +51,7 @@ from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.frameworks.blocks.functions import BlocksTrainingFunction, SplitEvaluation
 from tmpi_adapters.frameworks.blocks.model import BlocksModel, loop_shape
 from tmpi_adapters.frameworks.blocks.monitoring import (MonitoringShares, buffer_accumulators,
-                                                        buffer_layout)
+                                                        buffer_layout, channels_of)
 from tmpi_adapters.frameworks.theano import TheanoAdapter
 from tmpi_adapters.frameworks.writes import is_path
 from tmpi_adapters.process import compat
@@ -240,9 +241,18 @@ class BlocksAdapter(TheanoAdapter):
         for buffer in self._training_buffers(algorithm):
             monitored.update(id(v) for v, _ in buffer.accumulation_updates)
             if session.size > 1:
-                accumulators, _ = buffer_accumulators(buffer, session.options.loss_reduction)
+                accumulators, local = buffer_accumulators(buffer,
+                                                          session.options.loss_reduction)
                 if accumulators:
                     shares.append(self._register(buffer, accumulators))
+                if local:
+                    names = channels_of(buffer, local)
+                    session.print(
+                        "tmpi: warning: the training monitoring channel(s) %s are rank 0's "
+                        "own values, computed from its rows only: tmpi cannot tell from their "
+                        "graphs how they combine over ranks (a non-scalar, a value of an op "
+                        "tmpi does not read). Monitor them with DataStreamMonitoring, which "
+                        "gives the one-process values." % ", ".join(names), file=sys.stderr)
         previous = function.model
         model = self._blocks_model(algorithm, previous, monitored)
         model.train_fn = function

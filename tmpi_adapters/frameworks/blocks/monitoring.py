@@ -149,6 +149,13 @@ def buffer_accumulators(buffer, loss_reduction="mean", layout=None):
     return shares, local
 
 
+def channels_of(buffer, accumulators):
+    """The names of ``buffer``'s channels read out from ``accumulators``."""
+    wanted = {id(v) for v in accumulators}
+    return [name for name, readout in buffer.readout_variables.items()
+            if any(id(v) in wanted for v in ancestors([readout]))]
+
+
 def _increment(scheme, expr):
     """What a Blocks ``Mean``'s accumulator adds per batch: its numerator or
     its denominator (``acc <- increment + previous``)."""

@@ -80,8 +80,8 @@ def test_a_launchers_binding_is_kept():
     ([0, 1, 2, 3], 1, 2, None, [2, 3]),
     ([0, 1, 2, 3], 1, 2, 1, [1]),
     ([4, 5, 6], 2, 3, None, [6]),
-    ([0, 1], 2, 3, None, [0]),          # more ranks than cores: in turn
-    ([0, 1, 2], 1, 2, 2, [2, 0]),       # more threads than cores left: wrap around
+    ([0, 1], 2, 3, None, [0, 1]),       # more ranks than cores: all, the kernel balances
+    ([0, 1, 2], 1, 2, 2, [0, 1, 2]),    # more threads than cores: all
 ])
 def test_the_cores_given_are_shared_out(given, rank, size, threads, expected):
     assert binding.share(given, rank, size, threads) == sorted(expected)

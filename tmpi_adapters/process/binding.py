@@ -12,7 +12,8 @@ whatever launched it:
   (``--threads-per-rank``, or the cores divided among the ranks);
 * ranks that a launcher or scheduler already bound (``srun --cpu-bind``,
   ``mpiexec -bind-to``, Open MPI's default) keep their cores;
-* ranks that outnumber the cores share them out in turn, as evenly as they go;
+* ranks that need more cores than there are run on all of them, where the
+  kernel balances them (they are all busy, so none looks idle);
 * ``--bind none`` leaves the placement to the kernel.
 
 Every thread of the rank is bound (BLAS may have started its threads
@@ -38,12 +39,14 @@ def cores():
 def share(given, local_rank, local_size, threads=None):
     """The cores of rank ``local_rank`` of ``local_size`` ranks that all were
     ``given`` the same cores: ``threads`` each (default: the cores divided
-    among them, at least 1), contiguous; in turn where they outnumber them."""
+    among them, at least 1), contiguous.  Where they need more cores than
+    there are, all of them: ranks that outnumber the cores are all busy, and
+    the kernel balances busy ranks better than a fixed share (3 ranks on 2
+    cores bound 2 and 1 would run at the pace of the shared core)."""
     per = threads or max(1, len(given) // local_size)
-    per = min(per, len(given))
     if per * local_size <= len(given):
         return given[local_rank * per:(local_rank + 1) * per]
-    return sorted({given[(local_rank * per + i) % len(given)] for i in range(per)})
+    return list(given)
 
 
 def bind_threads(chosen):

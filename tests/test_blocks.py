@@ -165,7 +165,10 @@ def with_blocks_at(words, path):
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_blocks_runs_the_commands_the_docs_show(tmp_path):
     source = tmp_path / "blocks"  # `make -n` runs nothing: it needs no Blocks
-    printed = subprocess.run(["make", "-n", "blocks", "VENV=.venv", "BLOCKS_SRC=%s" % source],
+    # --no-print-directory: under `make test` this make is a sub-make, which
+    # would otherwise print "make[1]: Entering directory" lines among the commands.
+    printed = subprocess.run(["make", "-n", "--no-print-directory", "blocks", "VENV=.venv",
+                              "BLOCKS_SRC=%s" % source],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, timeout=60)
     assert printed.returncode == 0, printed.stderr

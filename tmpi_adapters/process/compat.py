@@ -95,7 +95,8 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
     (:attr:`before`) or right after it finished importing (:attr:`callbacks`),
     serves modules that exist only as aliases (:attr:`aliases`), and modules
     that newer Pythons or numpy removed where nothing else provides them
-    (:attr:`fallbacks`)."""
+    (:attr:`fallbacks`: name to a function of the name that returns its spec,
+    or None)."""
 
     def __init__(self):
         self.callbacks = {}
@@ -117,7 +118,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         finally:
             self._busy.discard(name)
         if spec is None and name in self.fallbacks:
-            return importlib.util.spec_from_loader(name, _AliasLoader(self.fallbacks.pop(name)))
+            return self.fallbacks.pop(name)(name)
         if spec is None or spec.loader is None or name not in self.callbacks:
             return spec
         loader = spec.loader
@@ -349,19 +350,15 @@ def _restore_numpy_aliases(numpy):
     numpy.__getattr__ = __getattr__
 
 
-def _distutils_module():
-    # Theano's C compiler driver imports distutils (sysconfig, spawn), which
-    # Python 3.12 removed; setuptools carries a copy (what its own
-    # distutils-precedence.pth serves, where that is active).
-    try:
-        module = importlib.import_module("setuptools._distutils")
-    except ImportError:
-        raise ModuleNotFoundError(
-            "No module named 'distutils': Python 3.12 removed it and Theano 1.0.5 imports "
-            "it; install setuptools, which provides it: pip install 'setuptools<80'",
-            name="distutils") from None
-    module.__name__ = "distutils"
-    return module
+def _distutils_spec(name):
+    # Python 3.12 removed distutils, which Theano's C compiler driver imports
+    # (sysconfig, spawn); setuptools (a requirement of tmpi's on 3.12) serves
+    # its copy, so this only says what to do where setuptools is missing.
+    if importlib.util.find_spec("setuptools") is not None:
+        return None
+    raise ModuleNotFoundError(
+        "No module named 'distutils': Python 3.12 removed it and Theano 1.0.5 imports it; "
+        "install setuptools, which provides it: pip install 'setuptools<80'", name=name)
 
 
 def _restore_configparser_names(configparser):
@@ -425,13 +422,13 @@ def _quiet_invalid_escapes():
         warnings.filterwarnings("ignore", "invalid escape sequence", SyntaxWarning)
 
 
-def _standin(name):
-    """The builder of stand-in module ``name`` (in standins.py, imported only
-    when a script imports what it stands in for)."""
+def _standin(builder):
+    """The spec of a stand-in module that ``standins.<builder>()`` makes
+    (standins.py is imported only when a script imports such a module)."""
     def make():
         from tmpi_adapters.process import standins
-        return getattr(standins, name)()
-    return make
+        return getattr(standins, builder)()
+    return lambda name: importlib.util.spec_from_loader(name, _AliasLoader(make))
 
 
 def _for_removed_names():
@@ -439,7 +436,7 @@ def _for_removed_names():
     # Python 3.12 removed imp; 2017-era scripts load configs and model
     # definitions with imp.load_source / find_module / load_module / reload.
     _finder.fallbacks.setdefault("imp", _standin("imp"))
-    _finder.fallbacks.setdefault("distutils", _distutils_module)
+    _finder.fallbacks.setdefault("distutils", _distutils_spec)
     # Theano imports numpy.distutils for numpy's headers and BLAS info, which
     # numpy dropped on Python 3.12.
     _finder.fallbacks.setdefault("numpy.distutils", _standin("numpy_distutils"))

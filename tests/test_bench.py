@@ -73,8 +73,12 @@ def test_committed_results_are_well_formed(tmp_path):
     data = json.loads(path.read_text())
     assert path.name in (ROOT / "bench" / "README.md").read_text()
     assert data["command"].startswith("tmpi bench") and not data["quick"]
-    # The device part is measured on a device, into a file of its own (below).
-    assert set(data["parts"]) == set(command.PARTS) - {"device"}
+    assert set(data["parts"]) == set(command.PARTS)
+    # The device part runs where THEANO_FLAGS names a device, else says why not.
+    assert "skipped" in data["device"] or finite(data["device"]["overhead_1_rank"])
+    for variant in ("bound", "unbound"):
+        assert len(data["spread"]["step_median_s"][variant]) >= 10
+        assert finite(data["spread"]["spread"][variant])
     assert re.match(r"\d{4}-\d\d-\d\d$", data["date"]) and data["machine"]["cpus"] >= 1
     for key in README_FIGURES:
         assert finite(data[key]), (key, data.get(key))

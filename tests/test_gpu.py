@@ -40,6 +40,10 @@ def device_flags():
     else:
         return None, "no GPU device is set up here: run `make gpu` (OpenCL on the CPU with apt)"
     if importlib.util.find_spec("pygpu") is None:
+        if sys.version_info >= (3, 12):
+            return None, ("pygpu is not installed in this Python %d.%d venv: `make gpu "
+                          "LIBGPUARRAY_SRC=...` builds it (Debian's pygpu, which `make gpu` "
+                          "takes with apt, is built for Python 3.11)" % sys.version_info[:2])
         return None, "pygpu is not installed: run `make gpu`"
     import pygpu
     device = devices.device_flag(flags)

@@ -18,6 +18,7 @@ Every rank keeps its own records; rank 0 prints a summary averaged over ranks
 at the end.  The recording plugin (:mod:`tmpi_adapters.recording`) writes
 them to ``--record`` files and shows ``--progress``.
 """
+import socket
 import time
 
 import numpy as np
@@ -173,20 +174,23 @@ class Recorder:
             "mean_wait_s": float(avg[7]),
             "mean_collectives_per_step": float(data[:, 5].mean()),
         }
-        # Where each rank computed ("cpu", or its GPU or OpenCL device), and
-        # how many rows it computed in all: its share of every batch.
         # Where each rank computed ("cpu", or its GPU or OpenCL device), how
         # many rows it computed in all (its share of every batch), on which
-        # cores it could run and which ones it was seen on.
+        # host and cores it could run and which cores it was seen on.
         mine = (describe_device(), int(self.own_rows), binding.BOUND or binding.cores(),
-                [c for c in self.cpus if c is not None])
+                [c for c in self.cpus if c is not None], socket.gethostname())
         ranks = ex.allgather_object(mine) if self.session.size > 1 else [mine]
         self.last_summary["devices"] = [r[0] for r in ranks]
         self.last_summary["rows_per_rank"] = [r[1] for r in ranks]
         self.last_summary["cores"] = [r[2] for r in ranks]
         self.last_summary["cpus_seen"] = [r[3] for r in ranks]
-        self.last_summary["shared_cores"] = binding.shared_while_free(
-            [(r[2], r[3]) for r in ranks])
+        self.last_summary["hosts"] = [r[4] for r in ranks]
+        shared = []
+        for host in dict.fromkeys(r[4] for r in ranks):  # each host's cores on their own
+            local = [rank for rank, r in enumerate(ranks) if r[4] == host]
+            shared += [(core, [local[i] for i in stacked]) for core, stacked in
+                       binding.shared_while_free([(ranks[r][2], ranks[r][3]) for r in local])]
+        self.last_summary["shared_cores"] = shared
         return self.last_summary
 
     #: Steps (the latest) whose exchanges the summary compares across ranks.
@@ -249,7 +253,12 @@ class Recorder:
         if threads:
             text += "; %d BLAS thread%s per rank" % (threads, "" if threads == 1 else "s")
         cores = summary.get("cores") or []
-        if summary["ranks"] > 1 and cores:
+        hosts = summary.get("hosts") or []
+        if summary["ranks"] > 1 and cores and len(set(hosts)) > 1:
+            text += "; cores " + ", ".join(
+                "%s: %s" % (host, " | ".join(binding.describe(cores[r]) for r in ranks))
+                for host, ranks in _ranks_by_host(hosts))
+        elif summary["ranks"] > 1 and cores:
             text += "; cores " + " | ".join(binding.describe(c) for c in cores)
         devices = [d for d in summary.get("devices") or [] if d]
         if any(d != "cpu" for d in devices):
@@ -282,3 +291,11 @@ def scalar_outputs(values, names=None):
         name = names[i] if names[i] and names.count(names[i]) == 1 else "output%d" % i
         result[name] = number if np.isfinite(number) else None
     return result
+
+
+def _ranks_by_host(hosts):
+    """``[(host, [ranks])]`` in the order the hosts first appear."""
+    grouped = {}
+    for rank, host in enumerate(hosts):
+        grouped.setdefault(host, []).append(rank)
+    return list(grouped.items())

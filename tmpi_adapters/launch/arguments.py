@@ -32,6 +32,19 @@ def add_run_arguments(parser):
                         "with tmpi, else the first on PATH)")
     launch.add_argument("--mpiexec-arg", dest="mpiexec_args", action="append", default=[],
                         metavar="ARG", help="extra argument for mpiexec (repeat)")
+    launch.add_argument("--hosts", metavar="HOST:RANKS,...",
+                        help="start the ranks on these machines (e.g. node1:4,node2:4; "
+                             "-n defaults to the ranks named), reached with --launcher")
+    launch.add_argument("--hostfile", metavar="FILE",
+                        help="the machines of --hosts from a file: MPICH's NAME:RANKS or "
+                             "Open MPI's NAME slots=RANKS, one a line")
+    launch.add_argument("--launcher", default=None, metavar="NAME",
+                        help="how the MPI launcher enters the hosts (default ssh; hydra "
+                             "also knows rsh)")
+    launch.add_argument("--launcher-exec", default=None, metavar="PROGRAM",
+                        help="the program that enters a host, called as ssh is (PROGRAM "
+                             "HOST COMMAND): hydra's -launcher-exec, Open MPI's "
+                             "plm_rsh_agent")
     get_plugin_manager().hook.tmpi_add_arguments(parser=parser.add_argument_group("plugins"))
     return parser
 
@@ -56,7 +69,7 @@ def options_from_args(namespace, given=()):
     fields become ``options.explicit``."""
     values = vars(namespace)
     launch_only = {"n", "rule_option", "threads_per_rank", "oversubscribe", "mpiexec",
-                   "mpiexec_args",
+                   "mpiexec_args", "hosts", "hostfile", "launcher", "launcher_exec",
                    "module", "script", "script_args", "command", "config", "handler"}
     fields = {k: v for k, v in values.items() if k in _OPTION_FIELDS}
     extra = {k: v for k, v in values.items() if k not in _OPTION_FIELDS and k not in launch_only}

@@ -45,12 +45,15 @@ def cmd_wrap(argv):
               "out to let tmpi pick %s." % (_describe_target(target), detected,
                                              options.framework, what, detected),
               file=sys.stderr)
-    n = 1 if namespace.n is None else namespace.n
+    from tmpi_adapters.launch.hosts import host_set
+    hosts = host_set(namespace.hosts, namespace.hostfile, namespace.launcher,
+                     namespace.launcher_exec)
+    n = namespace.n or (hosts.slots if hosts else 1)
     check_choices(options, n)
     code = launch(target, rest, options, n=n, mpiexec=namespace.mpiexec,
                   mpiexec_args=namespace.mpiexec_args,
                   threads_per_rank=namespace.threads_per_rank,
-                  oversubscribe=namespace.oversubscribe)
+                  oversubscribe=namespace.oversubscribe, hosts=hosts)
     misplaced = misplaced_options(rest, parser) if code == 2 else []
     if misplaced:
         # Exit status 2 is argparse's "bad arguments": most likely tmpi's

@@ -19,12 +19,16 @@ import tempfile
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.options import OPTIONS_ENV
 from tmpi_adapters.process.jobdir import (JOB_DIR_ENV, JOB_DIR_PREFIX, LAUNCHER_HOST_ENV,
-                                         LAUNCHER_PID_ENV, claim_job_dir, sweep_job_dirs)
+                                         LAUNCHER_PID_ENV, claim_job_dir, rank_file,
+                                         sweep_job_dirs)
+from tmpi_adapters.launch.hosts import mpi_flavor
 from tmpi_adapters.launch.target import as_target, find_module, target_argv
+from tmpi_adapters.process.channel import CHANNEL_ENV, ChannelServer
 from tmpi_adapters.process.threads import THREAD_ENV, default_threads, limit_blas_threads
 from tmpi_adapters.launch.restarts import Restarts
 from tmpi_adapters.launch.signals import Preemption, stopped_by_signals
-from tmpi_adapters.launch.watch import JobWatch, OutputRelay
+from tmpi_adapters.launch.relay import OutputRelay
+from tmpi_adapters.launch.watch import JobWatch
 from tmpi_adapters.reliability import preemption
 
 #: Environment variables set by MPI launchers in each rank they start.
@@ -180,7 +184,7 @@ def check_capacity(n, oversubscribe=False, cores=None, memory=None):
 
 
 def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
-           threads_per_rank=None, oversubscribe=False):
+           threads_per_rank=None, oversubscribe=False, hosts=None):
     """Run a script (a path) or module (``("module", name)``) on ``n`` ranks;
     return the job's exit status (the script's own when it calls ``sys.exit``).
 
@@ -191,19 +195,24 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
     default ranks tmpi starts share the cores (:func:`default_threads`), and
     a rank tmpi did not start keeps what it has.  Ranks that cannot fit this
     machine are refused unless ``oversubscribe`` (:func:`check_capacity`).
+    ``hosts`` (:class:`~tmpi_adapters.launch.hosts.HostSet`) starts them on
+    other machines: each host's ranks then share out that host's cores.
     """
     target = as_target(target)
     check_target(target)
     if n < 1:
         raise TmpiError("-n must be at least 1, not %d." % n)
     restarts = Restarts.from_options(options, n)
+    if hosts is not None:
+        check_hosts(hosts, n, oversubscribe)
     if restarts is not None and inside_mpi_job():
         raise TmpiError("--max-restarts needs tmpi wrap to start the ranks itself, and this "
                         "tmpi runs inside an MPI job (srun, mpiexec) that started them. Run "
                         "`tmpi wrap -n N --max-restarts K ...` outside it (in the batch "
                         "script), or leave --max-restarts out and let the scheduler requeue "
                         "the job with --resume auto.")
-    if inside_mpi_job() or (n == 1 and not mpiexec_args and restarts is None):
+    if inside_mpi_job() or (n == 1 and not mpiexec_args and restarts is None and
+                            hosts is None):
         env = rank_environment(options, threads_per_rank, 1)
         os.environ.update({k: v for k, v in env.items() if k not in os.environ or
                            k == OPTIONS_ENV})
@@ -215,7 +224,7 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
         except SystemExit as exit_:
             return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         return 0
-    if not mpiexec_args:  # with launcher arguments the ranks may run elsewhere
+    if not mpiexec_args and hosts is None:  # else the ranks may run elsewhere
         check_capacity(n, oversubscribe)
     if options.extra.get("progress"):
         # Rank 0's bar shows once Theano is imported, seconds from now.
@@ -226,26 +235,39 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
 
     def run_job(options, n):
         return start_job(target, script_args, options, n, mpiexec, mpiexec_args,
-                         threads_per_rank, stop)
+                         threads_per_rank, stop, hosts)
     with stopped_by_signals(stop):
         if restarts is None:
             return run_job(options, n).status
-        return restarts.run(run_job, options, n, stop)
+        return restarts.run(run_job, options, n, stop, hosts)
 
 
 def start_job(target, script_args, options, n, mpiexec=None, mpiexec_args=(),
-              threads_per_rank=None, stop=None):
-    """Start ``n`` fresh ranks with ``mpiexec`` and watch them until they
-    end; returns the :class:`JobWatch`, whose ``status`` is the job's."""
+              threads_per_rank=None, stop=None, hosts=None):
+    """Start ``n`` fresh ranks with ``mpiexec`` (on ``hosts``, when given)
+    and watch them until they end; returns the :class:`JobWatch`, whose
+    ``status`` is the job's."""
+    # On hosts, each rank takes its share of its own host's cores when it starts.
     env = rank_environment(options, threads_per_rank, n)
-    command = [find_mpiexec(mpiexec), "-n", str(n)] + list(mpiexec_args) + [
-        sys.executable, "-m", "tmpi_adapters.launch.runtime"] + target_argv(target) + \
-        list(script_args)
+    if hosts is not None and not threads_per_rank:
+        for name in THREAD_ENV:
+            if os.environ.get(name) is None:
+                env.pop(name, None)
+    executable = find_mpiexec(mpiexec)
     with tempfile.TemporaryDirectory(prefix=JOB_DIR_PREFIX) as directory:
         claim_job_dir(directory)
         env[JOB_DIR_ENV] = directory
         env[LAUNCHER_PID_ENV] = str(os.getpid())
         env[LAUNCHER_HOST_ENV] = socket.gethostname()
+        channel = placement = None
+        if hosts is not None:
+            channel = ChannelServer(lambda rank, name, directory=directory:
+                                    rank_file(directory, rank, name)).start()
+            env[CHANNEL_ENV] = channel.address()
+            placement = hosts.mpiexec_args(mpi_flavor(executable), passed_on(env))
+        command = [executable, "-n", str(n)] + (placement or []) + list(mpiexec_args) + [
+            sys.executable, "-m", "tmpi_adapters.launch.runtime"] + target_argv(target) + \
+            list(script_args)
         relay = None
         if options.all_ranks_output:
             try:
@@ -257,8 +279,39 @@ def start_job(target, script_args, options, n, mpiexec=None, mpiexec_args=(),
                                        stderr=subprocess.PIPE,
                                        preexec_fn=_die_with(os.getpid()))
         except OSError as exc:
+            if channel is not None:
+                channel.close()
             raise TmpiError("could not start %s: %s. Check --mpiexec, or install the "
                             "mpich wheel (pip install mpich)." % (command[0], exc))
-        watch = JobWatch(process, directory, n, relay=relay, preemption=stop).start()
+        watch = JobWatch(process, directory, n, relay=relay, preemption=stop,
+                         channel=channel).start()
         watch.wait()
         return watch
+
+
+def check_hosts(hosts, n, oversubscribe=False):
+    """Refuse more ranks than ``--hosts`` names (unless ``oversubscribe``), and
+    ``--hosts`` inside an MPI job, whose launcher placed the ranks already."""
+    if inside_mpi_job():
+        raise TmpiError("--hosts and --hostfile are for tmpi wrap starting the ranks itself, "
+                        "and this tmpi runs inside an MPI job (srun, mpiexec) that started "
+                        "them: give the hosts to that launcher, or run tmpi wrap --hosts "
+                        "outside it.")
+    if n > hosts.slots and not oversubscribe:
+        raise TmpiError("-n %d is more ranks than the %d that --hosts/--hostfile name (%s). "
+                        "Leave -n out to start one rank a slot, name more slots "
+                        "(HOST:RANKS), or pass --oversubscribe to place more ranks on them."
+                        % (n, hosts.slots, hosts.describe()))
+
+
+#: Variables of the ranks' environment that Open MPI must be told to pass on
+#: to other machines (hydra passes the whole environment).
+PASSED_ON = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
+             "THEANO_FLAGS", "KERAS_BACKEND", "OMP_NUM_THREADS")
+
+
+def passed_on(env):
+    """The names of ``env`` a rank on another machine needs."""
+    return sorted(name for name in env
+                  if name.startswith("TMPI_") or name in PASSED_ON or
+                  (name in THREAD_ENV and env.get(name) != os.environ.get(name)))

@@ -51,12 +51,15 @@ class Restarts:
         settings = Settings.from_extra(options.extra, ranks)
         return cls(settings) if settings.max_restarts else None
 
-    def run(self, run_job, options, n, stop=None):
+    def run(self, run_job, options, n, stop=None, hosts=None):
         """Run the job (``run_job(options, n)`` returns its
         :class:`~tmpi_adapters.launch.watch.JobWatch`) until it ends without a
         failure a restart may mend, or cannot be restarted; returns its
         status.  ``stop`` (:class:`~tmpi_adapters.launch.signals.Preemption`):
-        no restart once the launcher was asked to stop."""
+        no restart once the launcher was asked to stop.  ``hosts``
+        (:class:`~tmpi_adapters.launch.hosts.HostSet`, which ``run_job``
+        places the ranks on): before a restart every host is asked whether
+        it is there; one that is not is left out, down to ``--min-ranks``."""
         start = 0  # the step the running attempt resumed from
         while True:
             watch = run_job(options, n)
@@ -76,12 +79,32 @@ class Restarts:
                           "(--max-restarts). Fix the cause, then continue with --resume "
                           "auto." % (watch.failure, self.most))
                 break
-            path, step, finished = self._checkpoint()
+            path, step, finished = self._checkpoint(watch)
             if finished:
                 self._say("not restarting: %s after the run had finished (%s was written "
                           "when its script ended): there is nothing left to run."
                           % (watch.failure, path))
                 break
+            if hosts is not None:
+                first = hosts.hosts[0] if hosts.hosts else None
+                gone = hosts.drop_unreachable()
+                if gone:
+                    reason = "; ".join("host %s is gone (%s)" % (h.name, why) for h, why in gone)
+                    if not (self.fewest and hosts.slots >= self.fewest):
+                        self._say("not restarting: %s after %s; %s" % (
+                            reason, watch.failure,
+                            "the other hosts have %d rank(s), fewer than --min-ranks %d."
+                            % (hosts.slots, self.fewest) if self.fewest else
+                            "--min-ranks M lets a restart continue on the other hosts."))
+                        break
+                    n = min(n, hosts.slots)
+                    self._say("%s: the restart runs on %s (--min-ranks %d)."
+                              % (reason, hosts.describe(), self.fewest))
+                    if path is not None and first in hosts.dropped and \
+                            not os.path.exists(path):
+                        self._say("the checkpoints were on %s, rank 0's host: the restart "
+                                  "begins where the job began." % first.name)
+                        path = None
             if path is None:
                 step = 0  # from the beginning, or from what the job first resumed
             else:
@@ -103,11 +126,15 @@ class Restarts:
                       "failure)." % (self.done, self.recomputed))
         return watch.status
 
-    def _checkpoint(self):
+    def _checkpoint(self, watch):
         """``(path, step, finished)`` of the checkpoint the next attempt
         resumes from: the newest that verifies and that this job wrote (any,
         when it was started with ``--resume latest`` or ``auto``), or
-        ``(None, None, False)``."""
+        ``(None, None, False)``.  Where rank 0 wrote it on another machine
+        (``--hosts``), the one it said it wrote: rank 0 reads it there."""
+        reported = getattr(watch, "checkpoint", None)
+        if reported is not None and not os.path.exists(reported[0]):
+            return reported
         path, _, header, skipped = newest_that_verifies(self.directory)
         for corrupt, reason in skipped:
             self._say("warning: %s %s; passed over." % (corrupt, reason))

@@ -145,7 +145,9 @@ def cmd_run(argv):
     options.exchanger = options.exchanger or exchanger
     if precision and options.precision == "native":
         options.precision = precision
-    n = args.n or n or 1
+    from tmpi_adapters.launch.hosts import host_set
+    hosts = host_set(args.hosts, args.hostfile, args.launcher, args.launcher_exec)
+    n = args.n or n or (hosts.slots if hosts else 1)
     check_choices(options, n)
     devices = config.get("DEVICES")
     if devices:
@@ -157,7 +159,7 @@ def cmd_run(argv):
     from tmpi_adapters.launch.launcher import launch
     return launch(DRIVER, driver_args, options, n=n, mpiexec=args.mpiexec,
                   mpiexec_args=args.mpiexec_args, threads_per_rank=args.threads_per_rank,
-                  oversubscribe=args.oversubscribe)
+                  oversubscribe=args.oversubscribe, hosts=hosts)
 
 
 class TheanoMPIRule:

@@ -5,7 +5,7 @@ that died, ends the job when a rank vanishes without a word or ``mpiexec``
 itself is killed, makes sure no rank outlives it, passes the script's own
 exit status through, and forwards the ranks' output as it comes (a progress
 bar's redraws included; with ``--all-ranks-output`` through pipes of each
-rank's own, :class:`OutputRelay`).
+rank's own, :class:`~tmpi_adapters.launch.relay.OutputRelay`).
 """
 import os
 import re
@@ -18,8 +18,7 @@ import threading
 import time
 
 from tmpi_adapters.process.jobdir import (belongs_to_job, has_mark, process_alive, rank_file,
-                                         read_progress, read_ranks)
-from tmpi_adapters.process.output import RELAY_FILE
+                                         read_checkpoint_mark, read_progress, read_ranks)
 from tmpi_adapters.launch.signals import signals_ignored
 from tmpi_adapters.reliability.preemption import PREEMPTED
 
@@ -37,6 +36,9 @@ _BANNER_TRAILER = (b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING",
                    b"This typically refers to a problem with your application",
                    b"Please see the FAQ page for debugging suggestions")
 _EXIT_STRING = re.compile(rb"EXIT STRING: (.*?)\s*$")
+# Hydra's own trace of a job torn down, held back unless tmpi can say nothing
+# better (a proxy on another host that lost its rank or its connection).
+_HYDRA_TRACE = re.compile(rb"^\[(proxy:[\d:]+@\S+|mpiexec@\S+)\] ")
 
 
 def stderr_tail(directory, rank, lines=6):
@@ -100,78 +102,6 @@ def _lines_and_redraws(stream):
         yield pending
 
 
-# ------------------------------------------------------------------ the relay
-
-class OutputRelay:
-    """With ``--all-ranks-output``: every rank of this machine writes its
-    stdout and stderr to pipes of its own in the job directory, and the
-    launcher writes them out as whole lines, each prefixed ``[rank N]``.
-
-    Through ``mpiexec`` ranks' lines interleave mid-line once they pass its
-    64 KiB pieces, and output below Python (C code, ``sys.stdout.buffer``)
-    could not be prefixed.  Ranks on other machines find no pipe and
-    prefix their own lines (:func:`~tmpi_adapters.process.output.route_output`).
-    """
-
-    #: Seconds the relay waits, once the job has ended, for the last bytes.
-    DRAIN_SECONDS = 2.0
-
-    def __init__(self, directory, n):
-        self.reports_seen = set()  # "tmpi: ..." lines relayed (see JobWatch)
-        self.streams = {}  # read end -> [rank, sink, partial line]
-        self._held = []    # write ends of our own: no end of file before a rank opens its own
-        for rank in range(n):
-            for name, sink in (("stdout", sys.stdout.buffer), ("stderr", sys.stderr.buffer)):
-                path = rank_file(directory, rank, RELAY_FILE % name)
-                os.mkfifo(path, 0o600)
-                self.streams[os.open(path, os.O_RDONLY | os.O_NONBLOCK)] = [rank, sink, b""]
-                self._held.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-
-    def run(self, stop):
-        """Relay until ``stop`` is set, then what the ranks left in the pipes."""
-        while not stop.is_set():
-            self._relay(0.1)
-        for fd in self._held:
-            os.close(fd)
-        deadline = time.monotonic() + self.DRAIN_SECONDS
-        while self.streams and time.monotonic() < deadline:
-            self._relay(0.05)
-        for fd in list(self.streams):
-            self._close(fd)
-
-    def _relay(self, timeout):
-        ready, _, _ = select.select(list(self.streams), [], [], timeout)
-        for fd in ready:
-            try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            if not data:
-                self._close(fd)
-                continue
-            stream = self.streams[fd]
-            pending = stream[2] + data
-            cut = pending.rfind(b"\n") + 1
-            stream[2] = pending[cut:]
-            if cut:
-                self._write(stream, pending[:cut - 1].split(b"\n"))
-
-    def _write(self, stream, lines):
-        rank, sink, _ = stream
-        prefix = b"[rank %d] " % rank
-        for line in lines:
-            if line.startswith(b"tmpi: "):
-                self.reports_seen.add(line.strip())
-        sink.write(b"".join(prefix + line + b"\n" for line in lines))
-        sink.flush()
-
-    def _close(self, fd):
-        stream = self.streams.pop(fd)
-        if stream[2]:  # a last line without its end
-            self._write(stream, [stream[2]])
-        os.close(fd)
-
-
 # ------------------------------------------------------------------ the watch
 
 class JobWatch:
@@ -187,8 +117,12 @@ class JobWatch:
         The number of ranks.
     """
 
-    def __init__(self, process, directory, n, poll=0.25, relay=None, preemption=None):
+    def __init__(self, process, directory, n, poll=0.25, relay=None, preemption=None,
+                 channel=None):
         self.process = process
+        #: The :class:`~tmpi_adapters.process.channel.ChannelServer` of ranks
+        #: on other machines (``--hosts``), or ``None``.
+        self.channel = channel
         self.preemption = preemption
         self.directory = directory
         self.n = n
@@ -204,6 +138,9 @@ class JobWatch:
         #: Rank 0's training step when the job ended
         #: (:class:`~tmpi_adapters.process.jobdir.Progress`).
         self.progress = 0
+        #: ``(path, step, finished)`` of the last checkpoint rank 0 wrote
+        #: (on its own machine), or ``None``.
+        self.checkpoint = None
         #: The job's exit status, once it ended.
         self.status = None
         self._gone_since = {}
@@ -212,6 +149,7 @@ class JobWatch:
         self.ended = []
         # "tmpi: ..." lines the ranks' stderr carried
         self.reports_seen = relay.reports_seen if relay is not None else set()
+        self.hydra_trace = []  # lines of _HYDRA_TRACE, held back
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._pump_stdout, daemon=True),
@@ -243,8 +181,11 @@ class JobWatch:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
+        if self.channel is not None:
+            self.channel.close()  # what the ranks of other machines sent is in
         self.kill_leftovers()
         self.progress = read_progress(self.directory)
+        self.checkpoint = read_checkpoint_mark(self.directory)
         self.status = self.final_status(code)
         return self.status
 
@@ -303,6 +244,9 @@ class JobWatch:
                 continue
             if line.startswith(b"tmpi: "):
                 self.reports_seen.add(line.strip())
+            if _HYDRA_TRACE.match(line):
+                self.hydra_trace.append(line)
+                continue
             self._write(sink, [line])
         self.process.stderr.close()
 
@@ -359,9 +303,13 @@ class JobWatch:
         seconds without reporting (``mpiexec`` usually ends it at once)."""
         now = time.monotonic()
         for info in read_ranks(self.directory).values():
-            if info.host not in (None, self.host) or self._finished(info.rank):
+            if self._finished(info.rank):
                 continue
-            if process_alive(info.pid):
+            if info.host not in (None, self.host):
+                alive = self.channel is None or not self.channel.gone(info.rank)
+            else:
+                alive = process_alive(info.pid)
+            if alive:
                 self._gone_since.pop(info.rank, None)
                 continue
             since = self._gone_since.setdefault(info.rank, now)
@@ -432,8 +380,9 @@ class JobWatch:
             info, number = by_pid.get(pid), _signal_number(exit_string)
             messages.append(self._describe_termination(info, pid, host, exit_code,
                                                        exit_string))
-            self.failure = self.failure or "%s %s" % (
+            self.failure = self.failure or "%s%s %s" % (
                 "rank %d" % info.rank if info else "a process of the job",
+                " on %s" % host if self.channel is not None else "",
                 "was killed by %s" % name_signal(number) if number else
                 "exited with status %s without finishing" % exit_code)
             if number and not signalled:
@@ -466,6 +415,22 @@ class JobWatch:
             # An exception in the script (tmpi's own errors have statuses of
             # their own): a data file that could not be read, memory.
             self.failure = self.failure or self._failed_line(failed)
+        if not messages and code != 0 and self.channel is not None:
+            ended = self._ended_elsewhere(ranks)
+            if ended:
+                where = ranks[ended[0]].host
+                self.failure = "%s on %s ended without reporting an error" % (
+                    _ranks_text(ended), where)
+                messages.append("tmpi: %s (pid %s) on %s ended without reporting an error: "
+                                "killed (a signal, the out-of-memory killer) or cut off "
+                                "with its host; the other ranks were stopped.%s" % (
+                                    _ranks_text(ended),
+                                    ", ".join(str(ranks[r].pid) for r in ended), where,
+                                    self._tail(ended[0])))
+                code = 1
+        if self.hydra_trace and (not messages or not ranks) and code != 0:
+            sys.stderr.buffer.write(b"".join(self.hydra_trace))
+            sys.stderr.flush()
         if not messages and not ranks and code != 0:
             self.failure = "%s ended with status %d before any rank started" % (
                 os.path.basename(self.process.args[0]), code)
@@ -477,7 +442,8 @@ class JobWatch:
             code = [exits[r] for r in sorted(exits) if exits[r]][0]
         if not messages and code == 0 and not failed:
             unfinished = sorted(r for r in ranks if not self._finished(r)
-                                and ranks[r].host in (None, self.host))
+                                and (ranks[r].host in (None, self.host) or
+                                     self.channel is not None and self.channel.gone(r)))
             first = [r for r in (self.ended[0] if self.ended else []) if r in unfinished]
             if len(first) == 1:
                 self.failure = "rank %d left without finishing the script" % first[0]
@@ -499,6 +465,16 @@ class JobWatch:
             sys.stderr.write("\n".join(messages) + "\n")
             sys.stderr.flush()
         return code
+
+    def _ended_elsewhere(self, ranks):
+        """The ranks of another host that ended first without a word (the
+        channel saw them go), all of that host's that ended with them."""
+        ended = sorted((self.channel.ended[r], r) for r in ranks
+                       if self.channel.gone(r) and not self._finished(r))
+        if not ended:
+            return []
+        first, host = ended[0][0], ranks[ended[0][1]].host
+        return sorted(r for when, r in ended if ranks[r].host == host and when - first < 1.0)
 
     def _preempted_status(self, code):
         """:data:`PREEMPTED` when rank 0 wrote the checkpoint a SIGTERM or
@@ -569,6 +545,10 @@ class JobWatch:
         number = _signal_number(exit_string)
         if number:
             how = "was killed by %s" % describe_signal(number)
+        elif info and info.host not in (None, self.host) and exit_code and 0 < exit_code < 65:
+            # A rank on another host: hydra gives a signal's number as its status.
+            how = "ended with status %d without finishing (%s, if a signal ended it)" % (
+                exit_code, name_signal(exit_code))
         else:
             how = "exited with status %s without finishing" % exit_code
         tail = self._tail(info.rank) if info else ""
@@ -577,6 +557,11 @@ class JobWatch:
     def _tail(self, rank):
         tail = stderr_tail(self.directory, rank)
         return ("\n  last lines of rank %d's stderr:\n%s" % (rank, tail)) if tail else ""
+
+
+def _ranks_text(ranks):
+    return ("rank %d" % ranks[0]) if len(ranks) == 1 else \
+        "ranks " + ", ".join(str(r) for r in ranks)
 
 
 def _signal_number(exit_string):

@@ -17,6 +17,8 @@ import struct
 import tempfile
 import time
 
+from tmpi_adapters.process import channel
+
 
 #: The job directory's name, and the file in it that names its launcher
 #: (``"<pid> <start time> <host>"``), so that a later launch can tell a
@@ -55,10 +57,28 @@ def rank_file(directory, rank, kind):
     return os.path.join(directory, "rank%d.%s" % (rank, kind))
 
 
+_REMOTE = None
+
+
+def remote():
+    """True when this rank runs where its launcher's job directory is not
+    (another machine, no shared file system) and the launcher gave it a
+    :mod:`~tmpi_adapters.process.channel` to send its files through."""
+    global _REMOTE
+    if _REMOTE is None:
+        directory = job_dir()
+        _REMOTE = bool(os.environ.get(channel.CHANNEL_ENV) and directory and
+                       not os.path.exists(os.path.join(directory, LAUNCHER_FILE)))
+    return _REMOTE
+
+
 def mark(rank, kind, text=""):
     """Leave ``rank<N>.<kind>`` in the job directory (no-op outside ``tmpi wrap``)."""
     directory = job_dir()
     if not directory:
+        return
+    if remote():
+        channel.send_file(rank, kind, text)
         return
     try:
         os.makedirs(directory, exist_ok=True)
@@ -73,6 +93,11 @@ class Progress:
     ended however it ended (:func:`read_progress`): a file mapped into memory,
     so that a step costs one store and no system call, and what was stored
     outlives a SIGKILL."""
+
+    def __new__(cls, directory, rank=0):
+        if remote():  # another machine: the launcher keeps the file
+            return channel.ProgressSender(rank)
+        return super().__new__(cls)
 
     def __init__(self, directory, rank=0):
         with open(rank_file(directory, rank, "progress"), "w+b") as handle:
@@ -90,6 +115,22 @@ def read_progress(directory, rank=0):
             return struct.unpack("<q", handle.read(8))[0]
     except (OSError, struct.error):
         return 0
+
+
+def mark_checkpoint(path, step, finished):
+    """Rank 0 wrote the checkpoint ``path`` (at training call ``step``): the
+    launcher restarts from it even where it cannot see rank 0's files."""
+    mark(0, "checkpoint", "%d %d %s" % (step, bool(finished), path))
+
+
+def read_checkpoint_mark(directory):
+    """``(path, step, finished)`` of :func:`mark_checkpoint`, or ``None``."""
+    try:
+        with open(rank_file(directory, 0, "checkpoint")) as handle:
+            step, finished, path = handle.read().split(" ", 2)
+        return path, int(step), finished == "1"
+    except (OSError, ValueError):
+        return None
 
 
 class RankInfo:

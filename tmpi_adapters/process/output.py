@@ -8,7 +8,8 @@ import os
 import sys
 
 from tmpi_adapters.errors import TmpiError
-from tmpi_adapters.process.jobdir import job_dir, rank_file
+from tmpi_adapters.process import channel
+from tmpi_adapters.process.jobdir import job_dir, rank_file, remote
 
 
 #: The stderr that failures are reported on, even when a rank's own stderr
@@ -46,6 +47,12 @@ def route_output(options, rank, size):
     os.dup2(devnull, 1)
     os.close(devnull)
     directory = job_dir()
+    if directory and remote():
+        fd = channel.stream_descriptor(rank, "stderr")
+        if fd is not None:
+            os.dup2(fd, 2)
+            os.close(fd)
+            return
     target = rank_file(directory, rank, "stderr") if directory else os.devnull
     if directory:
         # On other machines of a multi-node job the launcher's directory does

@@ -33,7 +33,7 @@ import time
 from tmpi_adapters.core.protocol import read_values
 from tmpi_adapters.errors import CheckpointError
 from tmpi_adapters.files import write_atomic
-from tmpi_adapters.process.jobdir import Progress, job_dir, mark
+from tmpi_adapters.process.jobdir import Progress, job_dir, mark, mark_checkpoint
 from tmpi_adapters.process.output import report
 from tmpi_adapters.pluginmanager import hookimpl
 from tmpi_adapters.reliability import preemption
@@ -251,6 +251,7 @@ class Checkpointer:
             self.written.remove(path)
         self.written.append(path)
         self.last_written = path
+        mark_checkpoint(path, int(header.get("train_calls", 0)), reason == "end")
         self.policy.written()
         self._prune()
         return path

@@ -1,0 +1,202 @@
+"""Several hosts on this one machine, for tests of multi-host runs.
+
+``tools/emulated-hosts`` makes each host a set of namespaces (network, UTS,
+IPC, mount) joined to this machine by a bridge: its own hostname, address
+and ``/tmp``, this machine's file system and process ids otherwise.  This
+module is its pytest side: the session-scoped :func:`emulated_hosts` fixture
+brings :data:`COUNT` hosts up, yields an :class:`EmulatedHosts`, and takes
+them down at the end (unless they were up before the session: then they are
+left as they were found, but for processes the tests left on them).
+
+Use it from a test module with ``from hosts import emulated_hosts`` (the
+fixture) and ask for ``emulated_hosts``.  Where the hosts cannot be made
+-- not root, not Linux, iproute2 or util-linux missing, namespaces refused
+(an unprivileged container) -- every test that asks for them is skipped,
+saying why; they never fail for that.
+
+Nothing extra is needed in mpiexec's environment: hydra enters a host with
+``-launcher ssh -launcher-exec tools/emulated-hosts``, its proxies reach the
+mpiexec here by this machine's hostname (which resolves to the bridge inside
+the hosts), and MPICH's UCX netmod sees ranks on other hosts as other nodes
+and talks TCP to them.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The script that makes and enters the hosts.
+TOOL = ROOT / "tools" / "emulated-hosts"
+#: Hosts the fixture brings up.
+COUNT = 3
+#: What an ``up`` that failed said when the machine does not allow it (as
+#: opposed to a fault of the script, which fails the session's first test).
+REFUSALS = ("Operation not permitted", "Permission denied", "not supported",
+            "Not supported", "Unknown device type", "No such device", "needs root",
+            "needs ")
+
+
+def _tool(*args, check=True, timeout=60):
+    result = subprocess.run([str(TOOL)] + [str(a) for a in args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise RuntimeError("tools/emulated-hosts %s failed (%d): %s" % (
+            " ".join(str(a) for a in args), result.returncode, result.stderr.strip()))
+    return result
+
+
+def unavailable():
+    """Why emulated hosts cannot be made here, or ``None``."""
+    if not sys.platform.startswith("linux"):
+        return "emulated hosts need Linux namespaces (this is %s)" % sys.platform
+    if os.geteuid() != 0:
+        return "emulated hosts need root (network, UTS and mount namespaces, a bridge)"
+    missing = [tool for tool in ("ip", "unshare", "nsenter", "mount", "flock")
+               if shutil.which(tool) is None]
+    if missing:
+        return "emulated hosts need %s (iproute2, util-linux)" % ", ".join(missing)
+    probe = subprocess.run(["unshare", "--net", "--uts", "--ipc", "--mount", "true"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if probe.returncode != 0:
+        return "namespaces are refused here (an unprivileged container?): %s" % (
+            probe.stderr.strip() or "unshare exited %d" % probe.returncode)
+    listed = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    if listed.returncode != 0:
+        return "`ip netns` is unavailable here: %s" % listed.stderr.strip()
+    return None
+
+
+class EmulatedHosts:
+    """The hosts that are up, and what a test needs to run ranks on them.
+
+    Attributes
+    ----------
+    names : list of str
+        ``["tmpi-h1", "tmpi-h2", ...]``: each is also the host's hostname.
+    addresses : dict
+        Each name's IPv4 address (the names resolve everywhere too).
+    launcher_exec : str
+        The program hydra enters a host with (``-launcher-exec``; ``tmpi
+        wrap --launcher-exec``): ``tools/emulated-hosts`` itself, which takes
+        ssh's arguments.
+    env : dict
+        Variables mpiexec's environment needs for the hosts: none.
+    """
+
+    def __init__(self, names, addresses):
+        self.names = list(names)
+        self.addresses = dict(addresses)
+        self.tool = str(TOOL)
+        self.launcher_exec = str(TOOL)
+        self.env = {}
+
+    def spec(self, *slots):
+        """``spec(2, 2)`` -> ``"tmpi-h1:2,tmpi-h2:2"``: the first hosts, each with its slots."""
+        if len(slots) > len(self.names):
+            raise ValueError("%d hosts asked for, %d are up" % (len(slots), len(self.names)))
+        return ",".join("%s:%d" % (name, count) for name, count in zip(self.names, slots))
+
+    def mpiexec_args(self, *slots):
+        """hydra's arguments that start ranks on the first hosts (``slots`` each)."""
+        return ["-hosts", self.spec(*slots), "-launcher", "ssh",
+                "-launcher-exec", self.launcher_exec]
+
+    def tmpi_args(self, *slots):
+        """``tmpi wrap``'s arguments for the same."""
+        return ["--hosts", self.spec(*slots), "--launcher-exec", self.launcher_exec]
+
+    def write_hostfile(self, path, *slots):
+        """An MPICH host file (``NAME:SLOTS`` a line) of the first hosts; returns ``path``."""
+        Path(path).write_text("".join("%s\n" % word for word in self.spec(*slots).split(",")))
+        return path
+
+    def enter(self, name, *command, timeout=60):
+        """Run ``command`` on host ``name``; the :class:`subprocess.CompletedProcess`."""
+        return _tool("enter", name, *command, check=False, timeout=timeout)
+
+    def host_pids(self, name, ranks_only=False):
+        """The pids of the processes on host ``name`` (hydra's proxy and the ranks;
+        ``ranks_only``: the MPI ranks alone)."""
+        result = _tool("pids", name, *(["--ranks"] if ranks_only else []))
+        return [int(word) for word in result.stdout.split()]
+
+    def kill_host(self, name, sig=signal.SIGKILL, ranks_only=False):
+        """Send ``sig`` to every process on host ``name`` (or to its ranks only);
+        returns the pids signalled."""
+        pids = self.host_pids(name, ranks_only)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return pids
+
+    def offline(self, name):
+        """Cut host ``name`` off: its link drops every packet (what runs there
+        runs on, unreachable, and its peers hear nothing), and entering it
+        the way hydra does fails (ssh's status 255)."""
+        _tool("offline", name)
+
+    def online(self, name):
+        """Join host ``name`` to the others again."""
+        _tool("online", name)
+
+    def halt(self, name):
+        """Host ``name`` goes away for good: it refuses to be entered, all its
+        processes are killed (their connections close, so the other hosts and
+        hydra see it at once), then it goes offline."""
+        _tool("halt", name)
+
+    def host_path(self, name, path):
+        """Where this machine sees ``path`` of host ``name``: a path under ``/tmp``
+        is the host's own, any other is the same file everywhere."""
+        path = Path(path)
+        try:
+            inside = path.relative_to("/tmp")
+        except ValueError:
+            return path
+        return Path(_tool("tmpdir", name).stdout.strip()) / inside
+
+    def clean(self):
+        """End every process left on the hosts (a stopped one too), and join
+        any host a test took offline again."""
+        for name in self.names:
+            _tool("kill", name, "CONT")
+            _tool("kill", name, "KILL")
+            self.online(name)
+
+
+def _refused(text):
+    return any(word in text for word in REFUSALS)
+
+
+@pytest.fixture(scope="session")
+def emulated_hosts():
+    """:class:`EmulatedHosts` of :data:`COUNT` hosts, up for the whole session."""
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    before = [line.split()[0] for line in _tool("list").stdout.splitlines() if line.strip()]
+    count = max(COUNT, len(before))
+    made = _tool("up", count, check=False)
+    if made.returncode != 0:
+        if not before:
+            _tool("down", check=False)
+        if _refused(made.stderr):
+            pytest.skip("emulated hosts cannot be made here: %s" % made.stderr.strip())
+        pytest.fail("tools/emulated-hosts up %d failed (%d): %s" % (
+            count, made.returncode, made.stderr.strip()))
+    listed = dict(line.split() for line in _tool("list").stdout.splitlines() if line.strip())
+    hosts = EmulatedHosts(made.stdout.split(), listed)
+    try:
+        yield hosts
+    finally:
+        hosts.clean()
+        if not before:
+            _tool("down", check=False)

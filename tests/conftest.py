@@ -58,7 +58,7 @@ def warm_theano():
 LONGEST_FIRST = ["test_gpu.py", "test_keras.py", "test_keras_example.py", "test_lasagne.py",
                  "test_examples_lasagne.py", "test_bsp.py", "test_exchanger_fused.py",
                  "test_reliability_checkpoint.py", "test_reliability_restart.py",
-                 "test_transparency_graphs.py",
+                 "test_transparency_graphs.py", "test_hosts.py",
                  "test_theanompi.py", "test_transparency_models.py", "test_keras_resume.py",
                  "test_cli.py", "test_frontdoor.py", "test_reliability.py"]
 

@@ -415,7 +415,8 @@ class JobWatch:
             # An exception in the script (tmpi's own errors have statuses of
             # their own): a data file that could not be read, memory.
             self.failure = self.failure or self._failed_line(failed)
-        if not messages and code != 0 and self.channel is not None:
+        if not messages and not failed and not self.aborts and code != 0 and \
+                self.channel is not None:
             ended = self._ended_elsewhere(ranks)
             if ended:
                 where = ranks[ended[0]].host

@@ -141,11 +141,20 @@ def stall_report(statuses, reporter, now, interval, on_stall):
                                            "has" if len(missing) == 1 else "have")
     else:
         head += "the ranks wait on each other in different places."
+    hosts = {r: s.get("host") for r, s in statuses.items() if s}
+    several = len(set(hosts.values())) > 1  # then each line says where its ranks run
+    if missing and several:
+        where = sorted({hosts[r] for r in missing if hosts.get(r)})
+        if where:
+            head += " %s on %s." % ("It is" if len(missing) == 1 else "They are",
+                                    " and ".join(where))
     groups = {}
     for rank, status in sorted(statuses.items()):
-        groups.setdefault(describe_status(status, now, interval), []).append(rank)
-    lines = [head] + ["  %s: %s" % (format_ranks(ranks), text)
-                      for text, ranks in sorted(groups.items(), key=lambda kv: kv[1][0])]
+        key = (describe_status(status, now, interval), hosts.get(rank) if several else None)
+        groups.setdefault(key, []).append(rank)
+    lines = [head] + ["  %s: %s%s" % (format_ranks(ranks), "on %s, " % host if host else "", text)
+                      for (text, host), ranks in sorted(groups.items(),
+                                                        key=lambda kv: kv[1][0])]
     lines.append(
         "  Every rank must make the same collective calls in the same order: call the "
         "training function the same number of times on every rank (same number of "

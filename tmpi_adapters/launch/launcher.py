@@ -218,6 +218,13 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
                            k == OPTIONS_ENV})
         if threads_per_rank:
             limit_blas_threads(threads_per_rank)
+        if inside_mpi_job():
+            from tmpi_adapters.launch.supervise import rank_command, supervise
+            # The rank runs as a child, so that this process can name it
+            # when a signal kills it (the launcher kills the others at once).
+            status = supervise(rank_command(target, script_args), _die_with(os.getpid()))
+            if status is not None:
+                return status
         from tmpi_adapters.launch.runtime import main
         try:
             main(target_argv(target) + list(script_args))

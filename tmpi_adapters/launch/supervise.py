@@ -1,0 +1,136 @@
+"""A rank that an enclosing MPI job started (``mpiexec -n 4 tmpi wrap ...``,
+``srun tmpi wrap ...``) runs as a child of that ``tmpi wrap``, which stays to
+say how it ended.
+
+When a rank is killed (``kill -9``, the out-of-memory killer, a segfault) the
+MPI launcher kills the other ranks at once, so no rank can report it, and the
+launcher's own banner names a pid and a signal, not a rank.  The ``tmpi
+wrap`` the launcher started therefore stays a small process (nothing but
+tmpi's command line imported, MPI left to the rank) between the launcher and
+the rank: the rank inherits its environment, standard streams, descriptors
+(the launcher's PMI connection) and CPU affinity; the supervisor passes its
+signals on and, when the rank dies of another signal, writes one line naming
+the rank, its host and the likely cause in ``tmpi wrap -n N``'s words, then
+exits with ``128 + N``.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from tmpi_adapters.launch.signals import handled
+from tmpi_adapters.launch.target import target_argv
+from tmpi_adapters.launch.watch import describe_signal
+
+#: The signals the supervisor passes on to its rank: a scheduler's preemption
+#: (SIGTERM, SIGUSR1: the rank writes its checkpoint), Ctrl-C, and the rest an
+#: MPI launcher forwards.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP,
+             signal.SIGCONT)
+#: Where MPI launchers name a rank, and the job's size, in its environment:
+#: hydra's and Slurm's PMI, Open MPI, PMIx, Slurm; the first one set wins.
+RANK_NAMES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+SIZE_NAMES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS")
+
+
+def rank_command(target, script_args):
+    """The command of one rank: the runtime with the script (or module) and
+    its arguments, under this Python."""
+    return [sys.executable, "-m", "tmpi_adapters.launch.runtime"] + target_argv(target) + \
+        list(script_args)
+
+
+def launcher_place(env=None):
+    """``(rank, size)`` as the MPI launcher named them in the environment
+    (``None`` for what it did not name), read without starting MPI: MPI
+    belongs to the rank, which connects to the launcher itself."""
+    env = os.environ if env is None else env
+
+    def first(names):
+        for name in names:
+            if env.get(name, "").isdigit():
+                return int(env[name])
+        return None
+    return first(RANK_NAMES), first(SIZE_NAMES)
+
+
+class Forwarder:
+    """The signal handler of the supervisor: each signal goes on to the rank
+    (those that come before it is started, as soon as it is).
+
+    Attributes
+    ----------
+    received : set of int
+        The signals passed on: the rank's death by one of them was asked for.
+    """
+
+    def __init__(self):
+        self.child = None
+        self.received = set()
+        self._pending = []
+
+    def __call__(self, number, frame):
+        self.received.add(number)
+        if self.child is None:
+            self._pending.append(number)
+        else:
+            self._send(number)
+
+    def start(self, child):
+        self.child = child
+        for number in self._pending:
+            self._send(number)
+
+    def _send(self, number):
+        if self.child.returncode is None:
+            try:
+                os.kill(self.child.pid, number)
+            except ProcessLookupError:  # ended between its wait and the signal
+                pass
+
+
+def supervise(command, preexec_fn=None):
+    """Run one rank, ``command``, as a child and return its exit status, or
+    ``None`` where it cannot be (then the caller runs the rank itself): no
+    ``fork``; MPI started here already (``tmpi_adapters.wrap`` called by a
+    script under ``mpiexec``), which holds the rank's one connection to the
+    launcher; or a terminal on standard input (``srun --pty``), which a
+    child in a process group of its own could not read.  ``preexec_fn``
+    runs in the child before the rank starts (the launcher's
+    ``PR_SET_PDEATHSIG``: the rank dies with the supervisor, so a launcher
+    that kills the supervisor ends its rank too)."""
+    if not hasattr(os, "fork") or "mpi4py.MPI" in sys.modules or os.isatty(0):
+        return None
+    forward = Forwarder()
+    # A signal this process ignores (nohup) stays ignored, in the rank too.
+    caught = [number for number in FORWARDED if signal.getsignal(number) != signal.SIG_IGN]
+    with handled(caught, forward):
+        try:
+            # Its own process group: hydra signals each rank's whole group, so
+            # the rank then gets each signal once, from here.
+            child = subprocess.Popen(command, close_fds=False, process_group=0,
+                                     preexec_fn=preexec_fn)
+        except OSError:
+            return None
+        forward.start(child)
+        status = child.wait()
+    if status >= 0:
+        return status
+    # Death by a signal passed on from here was asked for (a scheduler's
+    # SIGTERM without --checkpoint-dir): not a failure to report.
+    if -status not in forward.received:
+        report_killed(child.pid, -status)
+    return 128 - status
+
+
+def report_killed(pid, number):
+    """Say which rank a signal killed, in :class:`~tmpi_adapters.launch.watch.JobWatch`'s
+    words, before the launcher tears the job down."""
+    rank, size = launcher_place()
+    who = "a rank" if rank is None else "rank %d" % rank if size is None else \
+        "rank %d of %d" % (rank, size)
+    sys.stdout.flush()
+    sys.stderr.write("tmpi: %s (pid %d on %s) was killed by %s; the MPI launcher stops the "
+                     "other ranks.\n" % (who, pid, socket.gethostname(), describe_signal(number)))
+    sys.stderr.flush()

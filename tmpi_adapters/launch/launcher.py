@@ -188,9 +188,12 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
     """Run a script (a path) or module (``("module", name)``) on ``n`` ranks;
     return the job's exit status (the script's own when it calls ``sys.exit``).
 
-    Inside an existing MPI job (``mpiexec -n 4 tmpi wrap ...``, ``srun tmpi
-    wrap ...``) or with ``n == 1`` the current process becomes the rank
-    (unless ``--max-restarts``: a restart needs fresh processes).
+    With ``n == 1`` the current process becomes the rank (unless
+    ``--max-restarts``: a restart needs fresh processes).  Inside an existing
+    MPI job (``mpiexec -n 4 tmpi wrap ...``, ``srun tmpi wrap ...``) the rank
+    runs in a child that this process watches
+    (:mod:`~tmpi_adapters.launch.supervise`), so that a rank killed there is
+    named too.
     ``threads_per_rank`` sets the BLAS/OpenMP threads of each rank; by
     default ranks tmpi starts share the cores (:func:`default_threads`), and
     a rank tmpi did not start keeps what it has.  Ranks that cannot fit this

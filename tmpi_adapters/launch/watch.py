@@ -392,11 +392,17 @@ class JobWatch:
                 signalled = code = 128 + number
         if self.vanished is not None:
             info, _ = self.vanished
-            self.failure = "rank %d is gone without reporting an error" % info.rank
+            self.failure = "rank %d%s is gone without reporting an error" % (
+                info.rank, "" if info.host in (None, self.host) else " on %s" % info.host)
+            if info.host in (None, self.host):
+                how = "it exited without finalizing MPI, e.g. os._exit"
+            else:
+                how = ("on %s: its connection to tmpi closed or stopped answering; the "
+                       "process ended, or its host went away" % info.host)
             messages.append("tmpi: rank %d (pid %d) is gone without reporting an error "
-                            "(it exited without finalizing MPI, e.g. os._exit); the job "
-                            "was stopped.%s" % (info.rank, info.pid, self._tail(info.rank)))
-            code = code or 1
+                            "(%s); the job was stopped.%s" % (info.rank, info.pid, how,
+                                                              self._tail(info.rank)))
+            code = 1 if code is None or code <= 0 else code  # mpiexec stopped by tmpi
         if code < 0:
             self.failure = self.failure or "%s was killed by %s" % (
                 os.path.basename(self.process.args[0]), name_signal(-code))

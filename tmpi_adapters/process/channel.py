@@ -41,6 +41,8 @@ import time
 CHANNEL_ENV = "TMPI_JOB_CHANNEL"
 #: Seconds a rank tries each of the launcher's addresses.
 CONNECT_TIMEOUT = 5.0
+#: Seconds within which the launcher notices a host that went away silently.
+KEEPALIVE = 30
 
 
 def own_addresses():
@@ -134,6 +136,13 @@ class ChannelServer:
         except OSError:
             return
         sock.setblocking(False)
+        # A host that goes away (powered off, cut off) closes nothing: the
+        # kernel's keepalive probes find it within KEEPALIVE seconds.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", KEEPALIVE // 2), ("TCP_KEEPINTVL", KEEPALIVE // 6),
+                              ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, option):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
         self._connections[sock] = [b"", None, None, None, []]
 
     def _receive(self, sock):

@@ -23,6 +23,7 @@ and talks TCP to them.
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -104,11 +105,18 @@ class EmulatedHosts:
     def mpiexec_args(self, *slots):
         """hydra's arguments that start ranks on the first hosts (``slots`` each)."""
         return ["-hosts", self.spec(*slots), "-launcher", "ssh",
-                "-launcher-exec", self.launcher_exec]
+                "-launcher-exec", self.launcher_exec] + _control_interface()
 
     def tmpi_args(self, *slots):
         """``tmpi wrap``'s arguments for the same."""
-        return ["--hosts", self.spec(*slots), "--launcher-exec", self.launcher_exec]
+        return ["--hosts", self.spec(*slots), "--launcher-exec", self.launcher_exec] + \
+            self.interface_args()
+
+    @staticmethod
+    def interface_args():
+        """``tmpi wrap``'s words for what hydra needs to be told on a machine
+        called ``localhost`` (:func:`_control_interface`), if anything."""
+        return ["--mpiexec-arg=%s" % word for word in _control_interface()]
 
     def write_hostfile(self, path, *slots):
         """An MPICH host file (``NAME:SLOTS`` a line) of the first hosts; returns ``path``."""
@@ -199,3 +207,12 @@ def emulated_hosts():
         hosts.clean()
         if not before:
             _tool("down", check=False)
+
+
+def _control_interface():
+    """hydra's proxies reach mpiexec at this machine's hostname, which the
+    hosts map to the bridge; a machine called ``localhost`` cannot be
+    remapped, so hydra is told the bridge's interface instead."""
+    if socket.gethostname().split(".")[0] == "localhost":
+        return ["-iface", "tmpibr0"]
+    return []

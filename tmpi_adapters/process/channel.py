@@ -186,9 +186,12 @@ class ChannelServer:
             body.append(data)
             pending = b"".join(body)
             whole = len(pending) // 8 * 8
-            if whole:
-                with open(self._path_of(rank, "progress"), "wb") as handle:
-                    handle.write(pending[whole - 8:whole])
+            if whole:  # in place: a reader never finds the file short
+                fd = os.open(self._path_of(rank, "progress"), os.O_WRONLY | os.O_CREAT, 0o644)
+                try:
+                    os.pwrite(fd, pending[whole - 8:whole], 0)
+                finally:
+                    os.close(fd)
             body[:] = [pending[whole:]]
         elif kind == "file":
             body.append(data)
@@ -227,6 +230,8 @@ def connect(rank, kind, name=None):
     """A connection to the launcher's channel, its header sent, or ``None``
     (said once on stderr) when the launcher cannot be reached."""
     global _WARNED
+    if _WARNED:
+        return None  # tried and failed: no further waits of CONNECT_TIMEOUT
     addresses, port, token = _parse(os.environ.get(CHANNEL_ENV, ""))
     errors = []
     for address in addresses:

@@ -22,6 +22,7 @@ from tmpi_adapters.process.jobdir import (JOB_DIR_ENV, JOB_DIR_PREFIX, LAUNCHER_
                                          LAUNCHER_PID_ENV, claim_job_dir, rank_file,
                                          sweep_job_dirs)
 from tmpi_adapters.launch.hosts import mpi_flavor
+from tmpi_adapters.launch.supervise import rank_command
 from tmpi_adapters.launch.target import as_target, find_module, target_argv
 from tmpi_adapters.process.channel import CHANNEL_ENV, ChannelServer
 from tmpi_adapters.process.threads import THREAD_ENV, default_threads, limit_blas_threads
@@ -222,7 +223,7 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
         if threads_per_rank:
             limit_blas_threads(threads_per_rank)
         if inside_mpi_job():
-            from tmpi_adapters.launch.supervise import rank_command, supervise
+            from tmpi_adapters.launch.supervise import supervise
             # The rank runs as a child, so that this process can name it
             # when a signal kills it (the launcher kills the others at once).
             status = supervise(rank_command(target, script_args), _die_with(os.getpid()))
@@ -275,9 +276,8 @@ def start_job(target, script_args, options, n, mpiexec=None, mpiexec_args=(),
                                     rank_file(directory, rank, name)).start()
             env[CHANNEL_ENV] = channel.address()
             placement = hosts.mpiexec_args(mpi_flavor(executable), passed_on(env))
-        command = [executable, "-n", str(n)] + (placement or []) + list(mpiexec_args) + [
-            sys.executable, "-m", "tmpi_adapters.launch.runtime"] + target_argv(target) + \
-            list(script_args)
+        command = [executable, "-n", str(n)] + (placement or []) + list(mpiexec_args) + \
+            rank_command(target, script_args)
         relay = None
         if options.all_ranks_output:
             try:

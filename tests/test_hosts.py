@@ -202,6 +202,28 @@ def test_a_script_on_two_hosts_gives_the_one_host_numbers(hosts, framework, tmp_
         assert_close(got[label], expected[label], RTOL)
 
 
+@pytest.mark.mpi
+def test_files_a_script_writes_and_reads_back_stay_on_each_host(hosts, tmp_path):
+    """No shared file system: rank 0 writes the script's files on its host, the
+    other host's first rank writes its own copies (which its ranks read
+    back), and the numbers are the one-process numbers."""
+    script = SCRIPTS / "transparency_files_checkpoint.py"
+    env = rank_env("float64")
+    env["THEANO_FLAGS"] += ",cxx="
+    one = finals(check(tmpi("wrap", "-n", "1", script, tmp_path / "one", env=env)).stdout)
+    out = "/tmp/files-%d" % os.getpid()  # each host's own /tmp
+    across = check(tmpi("wrap", *hosts.tmpi_args(1, 1), script, out, env=env))
+    assert finals(across.stdout) == one
+    assert one["files read back True, log lines"] == [3]
+    first, second = (hosts.host_path(name, out) for name in hosts.names[:2])
+    assert sorted(p.name for p in first.iterdir()) == [
+        "W.npy", "best_model.pkl", "checkpoint.pkl", "log.txt", "master.npz", "master.txt"]
+    assert len((first / "log.txt").read_text().splitlines()) == 3
+    # Rank 1's host has what the script reads back there, not rank 0's own files.
+    assert not {"master.npz", "master.txt"} & {p.name for p in second.iterdir()}
+    assert not os.path.exists(out)  # nor the launcher's machine's
+
+
 #: Steps of reliability_restart.py for the restart tests: the job still
 #: trains when the first checkpoint (step 500) is in, on 4 ranks sharing 2 cores.
 STEPS = "4000"

@@ -84,6 +84,7 @@ import threading
 
 from tmpi_adapters.frameworks.closing import layered
 from tmpi_adapters.process.failure import is_library_frame
+from tmpi_adapters.process.channel import CHANNEL_ENV
 from tmpi_adapters.process.jobdir import job_dir
 
 #: tmpi's own files (its checkpoints, its records) are written by tmpi's rules.
@@ -272,7 +273,9 @@ class FileWrites:
     def _state_directory(self):
         """``(directory, tmpi's own, ranks on this host)``."""
         directory = job_dir()
-        if directory:
+        # Across machines (--hosts) the launcher's job directory is on one of
+        # them only: every rank then takes the way without one (collective).
+        if directory and not os.environ.get(CHANNEL_ENV):
             return os.path.join(directory, _JOB_SUBDIR), False, None
         session = self.session
         token = secrets.token_hex(8) if session.rank == 0 else None

@@ -411,7 +411,9 @@ class Watchdog:
         from tmpi_adapters.process.output import report
         report(text)
         if self.on_stall_action == "abort":
-            mark(self.rank, "failed", "StallError")
+            # The report in full: the launcher shows it if the abort ends
+            # the job before mpiexec has passed the lines on.
+            mark(self.rank, "failed", text)
             self._abort(StallError.exit_code)
 
     def _check_lockstep(self, mine):

@@ -120,6 +120,18 @@ def test_an_exception_is_reported_once_as_without_the_supervisor():
 
 
 @pytest.mark.mpi
+def test_a_rank_that_leaves_without_finishing_is_named():
+    # os._exit(0) in rank 1's script: no failure, no signal; MPI only sees a
+    # process that never finalized.  Its tmpi wrap knows the script did not end.
+    result = mpiexec(2, TMPI, "wrap", CRASH, "exit", "300", env=enclosing_env())
+    assert result.returncode == 1, result.stderr
+    ours = [line for line in own_lines(result.stderr).splitlines() if line.startswith("tmpi:")]
+    assert len(ours) == 1 and ours[0].startswith("tmpi: rank 1 of 2 (pid ") and \
+        "left without finishing the script or finalizing MPI (os._exit" in ours[0], \
+        result.stderr
+
+
+@pytest.mark.mpi
 def test_sigterm_to_a_ranks_tmpi_wrap_is_a_preemption(tmp_path):
     directory = tmp_path / "ck"
     job = Enclosed("--checkpoint-dir", directory, RESTART, FOREVER)

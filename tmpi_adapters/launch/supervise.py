@@ -22,6 +22,7 @@ import sys
 from tmpi_adapters.launch.signals import handled
 from tmpi_adapters.launch.target import target_argv
 from tmpi_adapters.launch.watch import describe_signal
+from tmpi_adapters.process.jobdir import SUPERVISOR_FD_ENV
 
 #: The signals the supervisor passes on to its rank: a scheduler's preemption
 #: (SIGTERM, SIGUSR1: the rank writes its checkpoint), Ctrl-C, and the rest an
@@ -103,18 +104,32 @@ def supervise(command, preexec_fn=None):
     if not hasattr(os, "fork") or "mpi4py.MPI" in sys.modules or os.isatty(0):
         return None
     forward = Forwarder()
+    # The rank says through this pipe how its script ended (jobdir.mark).
+    endings, said = os.pipe()
+    os.environ[SUPERVISOR_FD_ENV] = str(said)
+    os.set_inheritable(said, True)
     # A signal this process ignores (nohup) stays ignored, in the rank too.
     caught = [number for number in FORWARDED if signal.getsignal(number) != signal.SIG_IGN]
-    with handled(caught, forward):
-        try:
-            # Its own process group: hydra signals each rank's whole group, so
-            # the rank then gets each signal once, from here.
-            child = subprocess.Popen(command, close_fds=False, process_group=0,
-                                     preexec_fn=preexec_fn)
-        except OSError:
-            return None
-        forward.start(child)
-        status = child.wait()
+    try:
+        with handled(caught, forward):
+            try:
+                # Its own process group: hydra signals each rank's whole group, so
+                # the rank then gets each signal once, from here.
+                child = subprocess.Popen(command, close_fds=False, process_group=0,
+                                         preexec_fn=preexec_fn)
+            except OSError:
+                return None
+            finally:
+                os.close(said)
+                del os.environ[SUPERVISOR_FD_ENV]
+            forward.start(child)
+            status = child.wait()
+        ended = _read_all(endings)
+    finally:
+        os.close(endings)
+    if status == 0 and not ended:
+        report_left(child.pid)
+        return 1
     if status >= 0:
         return status
     # Death by a signal passed on from here was asked for (a scheduler's
@@ -124,13 +139,43 @@ def supervise(command, preexec_fn=None):
     return 128 - status
 
 
+def _read_all(fd):
+    """What the rank wrote to its end of the pipe (it has ended: no waiting)."""
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).split()
+
+
+def _who():
+    rank, size = launcher_place()
+    return "a rank" if rank is None else "rank %d" % rank if size is None else \
+        "rank %d of %d" % (rank, size)
+
+
+def report_left(pid):
+    """Say which rank left without ending its script (``os._exit``, a library
+    that ended the process): the MPI launcher only sees a process that never
+    finalized MPI."""
+    sys.stdout.flush()
+    sys.stderr.write("tmpi: %s (pid %d on %s) left without finishing the script or finalizing "
+                     "MPI (os._exit, or a library that ended the process); the MPI launcher "
+                     "stops the other ranks.\n" % (_who(), pid, socket.gethostname()))
+    sys.stderr.flush()
+
+
 def report_killed(pid, number):
     """Say which rank a signal killed, in :class:`~tmpi_adapters.launch.watch.JobWatch`'s
     words, before the launcher tears the job down."""
-    rank, size = launcher_place()
-    who = "a rank" if rank is None else "rank %d" % rank if size is None else \
-        "rank %d of %d" % (rank, size)
     sys.stdout.flush()
     sys.stderr.write("tmpi: %s (pid %d on %s) was killed by %s; the MPI launcher stops the "
-                     "other ranks.\n" % (who, pid, socket.gethostname(), describe_signal(number)))
+                     "other ranks.\n" % (_who(), pid, socket.gethostname(),
+                                         describe_signal(number)))
     sys.stderr.flush()

@@ -72,8 +72,23 @@ def remote():
     return _REMOTE
 
 
+#: The pipe through which a rank tells the ``tmpi wrap`` above it (an
+#: enclosing MPI job's, :mod:`~tmpi_adapters.launch.supervise`) how its
+#: script ended.
+SUPERVISOR_FD_ENV = "TMPI_SUPERVISOR_FD"
+#: The marks that say a rank ended the way tmpi knows of.
+ENDINGS = ("done", "exit", "failed", "preempted")
+
+
 def mark(rank, kind, text=""):
-    """Leave ``rank<N>.<kind>`` in the job directory (no-op outside ``tmpi wrap``)."""
+    """Leave ``rank<N>.<kind>`` in the job directory (no-op outside ``tmpi
+    wrap``); a rank's ending goes to its supervisor too, where it has one."""
+    supervisor = os.environ.get(SUPERVISOR_FD_ENV, "")
+    if kind in ENDINGS and supervisor.isdigit():
+        try:
+            os.write(int(supervisor), kind.encode() + b"\n")
+        except OSError:
+            pass
     directory = job_dir()
     if not directory:
         return

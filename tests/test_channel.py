@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from conftest import EXAMPLES, tmpi
+
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.launch.hosts import HostSet, host_set, parse_hosts, read_hostfile
 from tmpi_adapters.process import channel
@@ -119,3 +121,14 @@ def test_a_host_that_does_not_answer_is_left_out(tmp_path):
     dropped = hosts.drop_unreachable()
     assert [(h.name, "no route to host" in why) for h, why in dropped] == [("gone", True)]
     assert hosts.describe() == "here:2" and hosts.slots == 2
+
+
+@pytest.mark.parametrize("words, said", [
+    (["--hosts", "a:1,b:1", "-n", "3"], "-n 3 is more ranks than the 2 that --hosts"),
+    (["--launcher-exec", "enter-host"], "name them too"),
+    (["--hosts", "a:2", "--hostfile", "f"], "give one of them"),
+])
+def test_the_command_line_refuses_hosts_it_cannot_use_before_starting(words, said):
+    result = tmpi("wrap", *words, EXAMPLES / "theano_mlp" / "train.py", "--epochs", "1")
+    assert result.returncode == 2, result.stderr
+    assert said in result.stderr and "Traceback" not in result.stderr

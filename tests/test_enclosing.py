@@ -124,7 +124,9 @@ def test_a_rank_that_leaves_without_finishing_is_named():
     # os._exit(0) in rank 1's script: no failure, no signal; MPI only sees a
     # process that never finalized.  Its tmpi wrap knows the script did not end.
     result = mpiexec(2, TMPI, "wrap", CRASH, "exit", "300", env=enclosing_env())
-    assert result.returncode == 1, result.stderr
+    # Rank 1's tmpi wrap exits 1; hydra ORs in signal 9 when the other rank
+    # it killed was reaped by then.
+    assert result.returncode in (1, 9), result.stderr
     ours = [line for line in own_lines(result.stderr).splitlines() if line.startswith("tmpi:")]
     assert len(ours) == 1 and ours[0].startswith("tmpi: rank 1 of 2 (pid ") and \
         "left without finishing the script or finalizing MPI (os._exit" in ours[0], \

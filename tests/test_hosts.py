@@ -187,7 +187,8 @@ def test_a_script_on_two_hosts_gives_the_one_host_numbers(hosts, framework, tmp_
     script, env, slots, named = ACROSS[framework]
     where = hosts.tmpi_args(*slots) if named == "hosts" else [
         "--hostfile", hosts.write_hostfile(tmp_path / "hosts", *slots),
-        "--launcher-exec", hosts.launcher_exec] + hosts.interface_args()
+        # hydra's rsh launcher calls the program as its ssh launcher does.
+        "--launcher", "rsh", "--launcher-exec", hosts.launcher_exec] + hosts.interface_args()
     across = tmpi("wrap", *where, *script, env=env())
     check(across)
     # -n is the hosts' slots: every host ran its share.

@@ -317,11 +317,10 @@ def check_hosts(hosts, n, oversubscribe=False):
 #: Variables of the ranks' environment that Open MPI must be told to pass on
 #: to other machines (hydra passes the whole environment).
 PASSED_ON = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED",
-             "THEANO_FLAGS", "KERAS_BACKEND", "OMP_NUM_THREADS")
+             "THEANO_FLAGS", "KERAS_BACKEND")
 
 
 def passed_on(env):
     """The names of ``env`` a rank on another machine needs."""
     return sorted(name for name in env
-                  if name.startswith("TMPI_") or name in PASSED_ON or
-                  (name in THREAD_ENV and env.get(name) != os.environ.get(name)))
+                  if name.startswith("TMPI_") or name in PASSED_ON or name in THREAD_ENV)

@@ -21,6 +21,7 @@ from tmpi_adapters.process.jobdir import (belongs_to_job, has_mark, process_aliv
                                          read_checkpoint_mark, read_progress, read_ranks)
 from tmpi_adapters.launch.signals import signals_ignored
 from tmpi_adapters.reliability.preemption import PREEMPTED
+from tmpi_adapters.reliability.watchdog import format_ranks
 
 #: Seconds a rank may be gone without a word before the launcher ends the job
 #: itself (hydra usually does so at once).
@@ -427,11 +428,11 @@ class JobWatch:
             if ended:
                 where = ranks[ended[0]].host
                 self.failure = "%s on %s ended without reporting an error" % (
-                    _ranks_text(ended), where)
+                    format_ranks(ended), where)
                 messages.append("tmpi: %s (pid %s) on %s ended without reporting an error: "
                                 "killed (a signal, the out-of-memory killer) or cut off "
                                 "with its host; the other ranks were stopped.%s" % (
-                                    _ranks_text(ended),
+                                    format_ranks(ended),
                                     ", ".join(str(ranks[r].pid) for r in ended), where,
                                     self._tail(ended[0])))
                 code = 1
@@ -564,11 +565,6 @@ class JobWatch:
     def _tail(self, rank):
         tail = stderr_tail(self.directory, rank)
         return ("\n  last lines of rank %d's stderr:\n%s" % (rank, tail)) if tail else ""
-
-
-def _ranks_text(ranks):
-    return ("rank %d" % ranks[0]) if len(ranks) == 1 else \
-        "ranks " + ", ".join(str(r) for r in ranks)
 
 
 def _signal_number(exit_string):

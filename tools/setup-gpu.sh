@@ -13,6 +13,8 @@ set -eu
 venv=${VENV:-.venv}
 py=$venv/bin/python
 [ -x "$py" ] || { echo "make gpu: no $venv here: run make install first" >&2; exit 1; }
+# Absolute from here on: the source build runs its commands from a folder of its own.
+venv=$(cd "$venv" && pwd); py=$venv/bin/python
 constraints=${CONSTRAINTS:-constraints.txt}
 purelib=$($py -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 pip() { $py -m pip install --quiet --disable-pip-version-check -c "$constraints" "$@"; }

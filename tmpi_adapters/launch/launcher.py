@@ -226,7 +226,8 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
             from tmpi_adapters.launch.supervise import supervise
             # The rank runs as a child, so that this process can name it
             # when a signal kills it (the launcher kills the others at once).
-            status = supervise(rank_command(target, script_args), _die_with(os.getpid()))
+            status = supervise(rank_command(target, script_args), _die_with(os.getpid()),
+                               preemption.bounds(options))
             if status is not None:
                 return status
         from tmpi_adapters.launch.runtime import main
@@ -242,7 +243,8 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
         sys.stderr.write("tmpi: starting %d ranks (importing Theano) ...\n" % n)
         sys.stderr.flush()
     sweep_job_dirs()
-    stop = Preemption() if preemption.wanted(options) else None
+    bounds = preemption.bounds(options)
+    stop = Preemption(*bounds) if bounds else None
 
     def run_job(options, n):
         return start_job(target, script_args, options, n, mpiexec, mpiexec_args,

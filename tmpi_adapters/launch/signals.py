@@ -4,8 +4,9 @@ ask it for a checkpoint and a stop instead (:class:`Preemption`)."""
 import contextlib
 import signal
 import sys
+import time
 
-from tmpi_adapters.reliability.preemption import PREEMPTED, SIGNALS
+from tmpi_adapters.reliability.preemption import GRACE, PREEMPTED, SIGNALS
 
 
 class Stopped(KeyboardInterrupt):
@@ -57,7 +58,9 @@ class Preemption:
     (``--checkpoint-dir``; :mod:`~tmpi_adapters.reliability.preemption`):
     passed on to the job as SIGUSR1 (``mpiexec`` gives it to every rank), so
     that rank 0 writes a checkpoint at the end of the step in flight and the
-    job ends with :data:`PREEMPTED`.  A second signal stops the job at once.
+    job ends with :data:`PREEMPTED`.  A second signal stops the job at once;
+    so does the end of the ``grace`` (:meth:`overdue`), which the watch of
+    the job acts on.
 
     Attributes
     ----------
@@ -65,22 +68,41 @@ class Preemption:
         The name of the signal received.
     process : subprocess.Popen or None
         The ``mpiexec`` of the job that runs now.
+    grace : float
+        ``--preempt-grace``: seconds the step in flight has to end.
+    directory : str or None
+        ``--checkpoint-dir``, where the newest checkpoint is looked for when
+        the grace passed.
     """
 
-    def __init__(self):
+    def __init__(self, grace=GRACE, directory=None):
         self.signal = None
         self.process = None
+        self.grace = grace
+        self.directory = directory
+        self._since = None
 
     def __call__(self, number, frame):
         if self.signal is not None:
             raise Stopped(number)
         self.signal = signal.Signals(number).name
+        self._since = time.monotonic()
         sys.stdout.flush()
         sys.stderr.write("tmpi: %s: rank 0 writes a checkpoint at the end of the step in "
                          "flight, then the job ends with status %d (%s again stops it at "
-                         "once).\n" % (self.signal, PREEMPTED, self.signal))
+                         "once; so does a step that has not ended in %g s, --preempt-grace)."
+                         "\n" % (self.signal, PREEMPTED, self.signal, self.grace))
         sys.stderr.flush()
         self.pass_on()
+
+    def overdue(self):
+        """True once the grace has passed since the signal."""
+        return self._since is not None and time.monotonic() - self._since >= self.grace
+
+    def left(self):
+        """Seconds of the grace left (``None`` before any signal)."""
+        return None if self._since is None else \
+            max(0.0, self.grace - (time.monotonic() - self._since))
 
     def pass_on(self):
         """Give the running job the signal (SIGUSR1: Open MPI's ``mpirun``

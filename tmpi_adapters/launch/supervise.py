@@ -12,17 +12,29 @@ the rank: the rank inherits its environment, standard streams, descriptors
 signals on and, when the rank dies of another signal, writes one line naming
 the rank, its host and the likely cause in ``tmpi wrap -n N``'s words, then
 exits with ``128 + N``.
+
+With ``--checkpoint-dir`` it also bounds a preemption: when the rank has not
+ended ``--preempt-grace`` seconds after a SIGTERM or SIGUSR1 (a rank stopped
+or stuck holds the step up, so rank 0 never writes its checkpoint), the
+supervisor kills it and exits with status 75; rank 0's names the newest
+checkpoint on disk and the steps lost, a rank that was stopped (SIGSTOP)
+is named by its own.
 """
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 from tmpi_adapters.launch.signals import handled
 from tmpi_adapters.launch.target import target_argv
 from tmpi_adapters.launch.watch import describe_signal
-from tmpi_adapters.process.jobdir import SUPERVISOR_FD_ENV
+from tmpi_adapters.process.jobdir import (PROGRESS_FILE_ENV, SUPERVISOR_FD_ENV, process_state,
+                                         read_progress)
+from tmpi_adapters.reliability.preemption import PREEMPTED, SIGNALS, overdue_report
 
 #: The signals the supervisor passes on to its rank: a scheduler's preemption
 #: (SIGTERM, SIGUSR1: the rank writes its checkpoint), Ctrl-C, and the rest an
@@ -64,15 +76,20 @@ class Forwarder:
     ----------
     received : set of int
         The signals passed on: the rank's death by one of them was asked for.
+    preempted : tuple or None
+        ``(name, time.monotonic())`` of the first SIGTERM or SIGUSR1.
     """
 
     def __init__(self):
         self.child = None
         self.received = set()
+        self.preempted = None
         self._pending = []
 
     def __call__(self, number, frame):
         self.received.add(number)
+        if number in SIGNALS and self.preempted is None:
+            self.preempted = (signal.Signals(number).name, time.monotonic())
         if self.child is None:
             self._pending.append(number)
         else:
@@ -91,7 +108,7 @@ class Forwarder:
                 pass
 
 
-def supervise(command, preexec_fn=None):
+def supervise(command, preexec_fn=None, preemption=None):
     """Run one rank, ``command``, as a child and return its exit status, or
     ``None`` where it cannot be (then the caller runs the rank itself): no
     ``fork``; MPI started here already (``tmpi_adapters.wrap`` called by a
@@ -100,7 +117,9 @@ def supervise(command, preexec_fn=None):
     child in a process group of its own could not read.  ``preexec_fn``
     runs in the child before the rank starts (the launcher's
     ``PR_SET_PDEATHSIG``: the rank dies with the supervisor, so a launcher
-    that kills the supervisor ends its rank too)."""
+    that kills the supervisor ends its rank too).  ``preemption``:
+    ``(grace, checkpoint directory)`` when SIGTERM and SIGUSR1 checkpoint
+    (``--checkpoint-dir``), to bound them."""
     if not hasattr(os, "fork") or "mpi4py.MPI" in sys.modules or os.isatty(0):
         return None
     forward = Forwarder()
@@ -108,6 +127,12 @@ def supervise(command, preexec_fn=None):
     endings, said = os.pipe()
     os.environ[SUPERVISOR_FD_ENV] = str(said)
     os.set_inheritable(said, True)
+    progress = None
+    if preemption is not None:
+        # Where rank 0 keeps its step, for the steps a bounded preemption loses.
+        handle, progress = tempfile.mkstemp(prefix="tmpi-progress-")
+        os.close(handle)
+        os.environ[PROGRESS_FILE_ENV] = progress
     # A signal this process ignores (nohup) stays ignored, in the rank too.
     caught = [number for number in FORWARDED if signal.getsignal(number) != signal.SIG_IGN]
     try:
@@ -122,11 +147,19 @@ def supervise(command, preexec_fn=None):
             finally:
                 os.close(said)
                 del os.environ[SUPERVISOR_FD_ENV]
+                os.environ.pop(PROGRESS_FILE_ENV, None)
             forward.start(child)
-            status = child.wait()
+            if preemption is None:
+                status = child.wait()
+            else:
+                status = _wait_bounded(child, forward, preemption, progress)
         ended = _read_all(endings)
     finally:
         os.close(endings)
+        if progress is not None:
+            os.unlink(progress)
+    if status == "overdue":
+        return PREEMPTED
     if status == 0 and not ended:
         report_left(child.pid)
         return 1
@@ -137,6 +170,56 @@ def supervise(command, preexec_fn=None):
     if -status not in forward.received:
         report_killed(child.pid, -status)
     return 128 - status
+
+
+def _wait_bounded(child, forward, preemption, progress):
+    """The rank's status, as ``child.wait()``; or ``"overdue"`` when it had
+    not ended ``grace`` seconds after a preemption's signal: it is then
+    killed, and this rank's words said."""
+    grace, directory = preemption
+    try:
+        ended = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):
+        ended = None
+    try:
+        while child.poll() is None:
+            left = None if forward.preempted is None else \
+                grace - (time.monotonic() - forward.preempted[1])
+            if left is not None and left <= 0:
+                break
+            timeout = 1.0 if left is None else min(1.0, left + 0.01)
+            if ended is not None:
+                select.select([ended], [], [], timeout)
+            else:
+                time.sleep(min(timeout, 0.1))
+    finally:
+        if ended is not None:
+            os.close(ended)
+    if child.returncode is not None:
+        return child.returncode
+    stopped = process_state(child.pid) == "T"
+    try:
+        os.killpg(child.pid, signal.SIGKILL)  # the rank and anything it started
+    except OSError:
+        pass
+    child.wait()
+    rank, _ = launcher_place()
+    who = "%s (pid %d on %s)" % (_who(), child.pid, socket.gethostname())
+    if rank in (0, None):
+        line = overdue_report(forward.preempted[0], grace, directory,
+                              read_progress(path=progress), None, True,
+                              "%s was stopped (SIGSTOP)" % who if stopped else None)
+    elif stopped:
+        line = ("tmpi: %s was stopped (SIGSTOP) and held up the step in flight past "
+                "--preempt-grace %g s after the %s; it was killed." % (
+                    who, grace, forward.preempted[0]))
+    else:
+        line = None
+    if line:
+        sys.stdout.flush()
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    return "overdue"
 
 
 def _read_all(fd):

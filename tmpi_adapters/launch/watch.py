@@ -17,29 +17,17 @@ import sys
 import threading
 import time
 
-from tmpi_adapters.process.jobdir import (belongs_to_job, has_mark, process_alive, rank_file,
-                                         read_checkpoint_mark, read_progress, read_ranks)
+from tmpi_adapters.process.jobdir import (belongs_to_job, has_mark, process_alive,
+                                         process_state, rank_file, read_checkpoint_mark,
+                                         read_progress, read_ranks)
+from tmpi_adapters.launch.mpiexec_output import MpiexecOutput
 from tmpi_adapters.launch.signals import signals_ignored
-from tmpi_adapters.reliability.preemption import PREEMPTED
+from tmpi_adapters.reliability.preemption import PREEMPTED, overdue_report
 from tmpi_adapters.reliability.watchdog import format_ranks
 
 #: Seconds a rank may be gone without a word before the launcher ends the job
 #: itself (hydra usually does so at once).
 VANISHED_GRACE = 2.0
-
-# Launcher chatter that repeats what tmpi reports itself.
-_NOISE = re.compile(rb"^Abort\((\d+)\) on node \d+ \(rank (\d+) in comm \d+\): "
-                    rb"application called MPI_Abort")
-_BANNER_RULE = re.compile(rb"^={20,}\s*$")
-_BANNER_PID = re.compile(rb"PID (\d+) RUNNING AT (\S+)")
-_BANNER_CODE = re.compile(rb"EXIT CODE: (-?\d+)")
-_BANNER_TRAILER = (b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING",
-                   b"This typically refers to a problem with your application",
-                   b"Please see the FAQ page for debugging suggestions")
-_EXIT_STRING = re.compile(rb"EXIT STRING: (.*?)\s*$")
-# Hydra's own trace of a job torn down, held back unless tmpi can say nothing
-# better (a proxy on another host that lost its rank or its connection).
-_HYDRA_TRACE = re.compile(rb"^\[(proxy:[\d:]+@\S+|mpiexec@\S+)\] ")
 
 
 def stderr_tail(directory, rank, lines=6):
@@ -80,32 +68,10 @@ def describe_signal(number):
     return "signal %d (%s)%s" % (number, name, reasons.get(name, ""))
 
 
-def _lines_and_redraws(stream):
-    """The output of ``stream`` (a pipe) in whole lines, and, as soon as it
-    comes, what ends in a carriage return: a progress bar (tqdm, Keras')
-    redraws its line without ending it, and would show only at its end."""
-    fd, pending = stream.fileno(), b""
-    while True:
-        data = os.read(fd, 1 << 16)
-        if not data:
-            break
-        pending += data
-        while pending:
-            cut = pending.find(b"\n") + 1
-            if not cut:
-                if b"\r" in pending:  # redraws: each was flushed whole, pass them on
-                    cut = len(pending)
-                else:
-                    break
-            yield pending[:cut]
-            pending = pending[cut:]
-    if pending:
-        yield pending
-
 
 # ------------------------------------------------------------------ the watch
 
-class JobWatch:
+class JobWatch(MpiexecOutput):
     """Watches one ``mpiexec`` job from the process that launched it.
 
     Parameters
@@ -133,6 +99,9 @@ class JobWatch:
         self.aborts = []         # (rank, code) of MPI_Abort calls tmpi did not make
         self.vanished = None     # (RankInfo, seconds) of a rank gone without a word
         self.interrupted = None  # the signal that stopped the launcher
+        #: A preemption whose step did not end within its grace stopped the
+        #: job: the local ranks that were stopped (SIGSTOP) then; else ``None``.
+        self.overdue = None
         #: Why the job failed in a way a restart may mend (a rank killed,
         #: crashed or vanished), in words; ``None`` for any other end.
         self.failure = None
@@ -150,7 +119,7 @@ class JobWatch:
         self.ended = []
         # "tmpi: ..." lines the ranks' stderr carried
         self.reports_seen = relay.reports_seen if relay is not None else set()
-        self.hydra_trace = []  # lines of _HYDRA_TRACE, held back
+        self.hydra_trace = []  # hydra's trace lines, held back
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._pump_stdout, daemon=True),
@@ -173,7 +142,7 @@ class JobWatch:
     def wait(self):
         """Wait for the job; return its exit status after the final report."""
         try:
-            code = self.process.wait()
+            code = self._wait_bounded()
         except KeyboardInterrupt as stop:
             self.interrupted = getattr(stop, "signum", signal.SIGINT)
             with signals_ignored():
@@ -190,72 +159,41 @@ class JobWatch:
         self.status = self.final_status(code)
         return self.status
 
-    # -- output ---------------------------------------------------------------
-    def _pump_stdout(self):
-        sink = sys.stdout.buffer
-        held = []      # blank lines and a rule line, until the next line tells
-        banner = None  # the lines of a termination banner being read
-        for line in _lines_and_redraws(self.process.stdout):
-            if not line.endswith(b"\n") and banner is None:
-                self._write(sink, held + [line])  # a progress bar redrawn in place
-                held = []
-                continue
-            if banner is not None:
-                banner.append(line)
-                if _BANNER_RULE.match(line):
-                    self._end_banner(banner, sink)
-                    banner = None
-                continue
-            if held and _BANNER_RULE.match(held[-1]):
-                if b"BAD TERMINATION" in line:
-                    banner, held = held + [line], []
-                    continue
-                self._write(sink, held)
-                held = []
-            if _BANNER_RULE.match(line) or not line.strip():
-                held.append(line)
-                continue
-            if self.terminations and line.startswith(_BANNER_TRAILER):
-                match = _EXIT_STRING.search(line)
-                if match:
-                    pid, host, code, _ = self.terminations[-1]
-                    self.terminations[-1] = (pid, host, code,
-                                             match.group(1).decode("utf-8", "replace"))
-                continue
-            self._write(sink, held + [line])
-            held = []
-        self._write(sink, held + (banner or []))
-        self.process.stdout.close()
+    def _wait_bounded(self):
+        """``mpiexec``'s status; once a preemption's grace has passed (a rank
+        stopped or stuck holds the step up), the job is stopped first."""
+        if self.preemption is None:
+            return self.process.wait()
+        try:
+            ended = os.pidfd_open(self.process.pid)
+        except (AttributeError, OSError):
+            ended = None
+        try:
+            while self.process.poll() is None:
+                if self.preemption.overdue():
+                    self._stop_overdue()
+                    break
+                left = self.preemption.left()
+                timeout = 1.0 if left is None else min(1.0, left + 0.01)
+                if ended is not None:
+                    select.select([ended], [], [], timeout)
+                else:
+                    time.sleep(min(timeout, 0.1))
+        finally:
+            if ended is not None:
+                os.close(ended)
+        return self.process.wait()
 
-    def _end_banner(self, lines, sink):
-        text = b"".join(lines)
-        pid, code = _BANNER_PID.search(text), _BANNER_CODE.search(text)
-        if b"BAD TERMINATION" not in text or pid is None:
-            self._write(sink, lines)
-            return
-        self.terminations.append((int(pid.group(1)), pid.group(2).decode(),
-                                  int(code.group(1)) if code else None, ""))
-
-    def _pump_stderr(self):
-        sink = sys.stderr.buffer
-        for line in _lines_and_redraws(self.process.stderr):
-            noise = _NOISE.match(line)
-            if noise:
-                self.aborts.append((int(noise.group(2)), int(noise.group(1))))
-                continue
-            if line.startswith(b"tmpi: "):
-                self.reports_seen.add(line.strip())
-            if _HYDRA_TRACE.match(line):
-                self.hydra_trace.append(line)
-                continue
-            self._write(sink, [line])
-        self.process.stderr.close()
-
-    @staticmethod
-    def _write(sink, lines):
-        if lines:
-            sink.write(b"".join(lines))
-            sink.flush()
+    def _stop_overdue(self):
+        """Stop the job now, ranks first: a stopped rank (SIGSTOP) takes
+        nothing but SIGKILL."""
+        self.overdue = sorted(
+            info.rank for info in read_ranks(self.directory).values()
+            if info.host in (None, self.host) and process_state(info.pid) == "T" and
+            belongs_to_job(info.pid, self.directory))
+        with signals_ignored():
+            self.kill_leftovers()
+            self.stop_job(grace=2.0)
 
     # -- watching the ranks ---------------------------------------------------------
     def _watch(self):
@@ -365,6 +303,8 @@ class JobWatch:
         status.  :attr:`failure` says why when a restart may mend it."""
         if self.interrupted is not None:
             return self._interrupted_status()
+        if self.overdue is not None and not has_mark(self.directory, 0, "preempted"):
+            return self._overdue_status()
         preempted = self._preempted_status(code)
         if preempted is not None:
             return preempted
@@ -505,6 +445,29 @@ class JobWatch:
             sys.stdout.flush()
             sys.stderr.write(report.decode("utf-8", "replace") + "\n")
             sys.stderr.flush()
+        return PREEMPTED
+
+    def _overdue_status(self):
+        """The job stopped because its step in flight outlasted the
+        preemption's grace: :data:`PREEMPTED`, naming the newest checkpoint
+        on disk and the steps lost."""
+        ranks = read_ranks(self.directory)
+        stuck = None
+        if self.overdue:
+            stuck = "%s (pid %s) %s stopped (SIGSTOP)" % (
+                format_ranks(self.overdue), ", ".join(str(ranks[r].pid) for r in self.overdue),
+                "is" if len(self.overdue) == 1 else "are")
+        zero = ranks.get(0)
+        here = zero is None or zero.host in (None, self.host)
+        written = self.checkpoint[:2] if self.checkpoint is not None else None
+        report = overdue_report(self.preemption.signal, self.preemption.grace,
+                                self.preemption.directory, self.progress if zero else None,
+                                written, here, stuck)
+        if not here and written is None:
+            report = report.replace("rank 0's host", zero.host)
+        sys.stdout.flush()
+        sys.stderr.write(report + "\n")
+        sys.stderr.flush()
         return PREEMPTED
 
     def _interrupted_status(self):

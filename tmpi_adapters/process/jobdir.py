@@ -76,6 +76,9 @@ def remote():
 #: enclosing MPI job's, :mod:`~tmpi_adapters.launch.supervise`) how its
 #: script ended.
 SUPERVISOR_FD_ENV = "TMPI_SUPERVISOR_FD"
+#: The file where rank 0 keeps its training step for the ``tmpi wrap`` above
+#: it (:class:`Progress`), when there is no job directory.
+PROGRESS_FILE_ENV = "TMPI_PROGRESS_FILE"
 #: The marks that say a rank ended the way tmpi knows of.
 ENDINGS = ("done", "exit", "failed", "preempted")
 
@@ -109,13 +112,13 @@ class Progress:
     so that a step costs one store and no system call, and what was stored
     outlives a SIGKILL."""
 
-    def __new__(cls, directory, rank=0):
-        if remote():  # another machine: the launcher keeps the file
+    def __new__(cls, directory=None, rank=0, path=None):
+        if path is None and remote():  # another machine: the launcher keeps the file
             return channel.ProgressSender(rank)
         return super().__new__(cls)
 
-    def __init__(self, directory, rank=0):
-        with open(rank_file(directory, rank, "progress"), "w+b") as handle:
+    def __init__(self, directory=None, rank=0, path=None):
+        with open(path or rank_file(directory, rank, "progress"), "w+b") as handle:
             handle.truncate(8)
             self._map = mmap.mmap(handle.fileno(), 8)
 
@@ -123,10 +126,11 @@ class Progress:
         struct.pack_into("<q", self._map, 0, step)
 
 
-def read_progress(directory, rank=0):
-    """The last step :class:`Progress` stored, or 0."""
+def read_progress(directory=None, rank=0, path=None):
+    """The last step :class:`Progress` stored (in ``path``, or the job
+    directory's file), or 0."""
     try:
-        with open(rank_file(directory, rank, "progress"), "rb") as handle:
+        with open(path or rank_file(directory, rank, "progress"), "rb") as handle:
             return struct.unpack("<q", handle.read(8))[0]
     except (OSError, struct.error):
         return 0
@@ -180,14 +184,21 @@ def has_mark(directory, rank, kind):
     return os.path.exists(rank_file(directory, rank, kind))
 
 
-def process_alive(pid):
-    """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
+def process_state(pid):
+    """The state letter of process ``pid`` in ``/proc`` (``"T"``: stopped,
+    ``"Z"``: a zombie), or ``None``."""
     try:
         with open("/proc/%d/stat" % pid) as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
+            return handle.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        pass
+        return None
+
+
+def process_alive(pid):
+    """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
+    state = process_state(pid)
+    if state is not None:
+        return state not in ("Z", "X")
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

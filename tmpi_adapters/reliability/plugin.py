@@ -12,9 +12,11 @@ A built-in plugin.  Its options (``tmpi wrap --help``, or keyword arguments of
     --nonfinite off|stop|skip     NaN/Inf in exchanged gradients or parameters
     --max-restarts K              restart a job whose rank failed, from its checkpoint
     --min-ranks M                 let a restart continue on fewer ranks, at least M
+    --preempt-grace S             seconds a preemption waits for the step in flight
 
 With ``--checkpoint-dir`` a SIGTERM or SIGUSR1 writes a checkpoint and ends
-the job with status 75 (:mod:`~tmpi_adapters.reliability.preemption`).
+the job with status 75 (:mod:`~tmpi_adapters.reliability.preemption`), within
+``--preempt-grace`` seconds whatever the ranks do.
 
 The pieces live in :mod:`~tmpi_adapters.reliability.watchdog` (heartbeats and
 stall reports), :mod:`~tmpi_adapters.reliability.checkpoint` (checkpoint files,
@@ -50,6 +52,9 @@ class Settings:
     nonfinite: str = "off"
     max_restarts: int = 0
     min_ranks: int = None  #: None: every restart runs on the job's ranks
+    #: Seconds a preemption waits for the step in flight before the job is
+    #: stopped anyway (:data:`~tmpi_adapters.reliability.preemption.GRACE`).
+    preempt_grace: float = None
 
     @classmethod
     def from_extra(cls, extra, ranks=None):
@@ -70,12 +75,14 @@ class Settings:
             max_restarts=_whole("--max-restarts", extra.get("max_restarts") or 0, 0),
             min_ranks=(_whole("--min-ranks", extra["min_ranks"], 1)
                        if extra.get("min_ranks") is not None else None),
+            preempt_grace=_seconds("--preempt-grace", extra.get("preempt_grace")),
         )
         if settings.resume in ("latest", "auto") and not settings.checkpoint_dir:
             raise ConfigError("--resume %s needs --checkpoint-dir: the directory to find "
                               "the newest checkpoint in." % settings.resume)
         for flag, key in (("--checkpoint-every", "checkpoint_every"),
-                          ("--checkpoint-keep", "checkpoint_keep")):
+                          ("--checkpoint-keep", "checkpoint_keep"),
+                          ("--preempt-grace", "preempt_grace")):
             if extra.get(key) and not settings.checkpoint_dir:
                 raise ConfigError("%s needs --checkpoint-dir: the directory to write the "
                                   "checkpoints to." % flag)
@@ -113,6 +120,20 @@ def _choice(flag, value, choices):
     if value not in choices:
         raise ConfigError("%s must be one of %s, not %r" % (flag, ", ".join(choices), value))
     return value
+
+
+def _seconds(flag, value):
+    """A number of seconds > 0 (``None``: the default, :data:`GRACE`)."""
+    from tmpi_adapters.reliability.preemption import GRACE
+    if value is None:
+        return GRACE
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not 0 < number < float("inf"):
+        raise ConfigError("%s must be a number of seconds > 0, not %r" % (flag, value))
+    return number
 
 
 def _positive_int(flag, value):
@@ -176,6 +197,13 @@ def tmpi_add_arguments(parser):
                        help="with --max-restarts: when a restarted job fails again at once "
                             "(a rank cannot come back), continue on one rank fewer, down to "
                             "M ranks (exact under BSP)")
+    group.add_argument("--preempt-grace", metavar="S",
+                       type=_argparse_type(lambda v: _seconds("--preempt-grace", v)),
+                       help="with --checkpoint-dir: after a SIGTERM or SIGUSR1, the seconds "
+                            "the step in flight has to end and rank 0 to write its "
+                            "checkpoint; then the job is stopped anyway, with status 75 and "
+                            "the newest checkpoint on disk named (default 20, inside Slurm's "
+                            "30 s KillWait)")
     group.add_argument("--on-stall", choices=ON_STALL,
                        help="when ranks wait longer than --stall-timeout on others: report "
                             "the missing ranks and keep waiting (default), or abort the job")

@@ -8,7 +8,12 @@ Rank 0 acts on it: at the start of its next call of a compiled function (the
 step in flight has finished) the checkpointer writes a checkpoint, as for
 ``--checkpoint-every``, and raises :class:`Preempted`; the job then ends with
 :data:`PREEMPTED`, and the same command with ``--resume auto`` continues
-exactly.  No rank waits for another and nothing travels per step: under BSP
+exactly.  When that step does not end within ``--preempt-grace`` seconds
+(:data:`GRACE`: a rank stopped or stuck, its host gone), whoever started the
+ranks (``tmpi wrap``'s launcher, or each rank's own ``tmpi wrap`` under
+``srun``) stops them anyway, ends with :data:`PREEMPTED` too, and names the
+newest checkpoint on disk and the steps lost (:func:`overdue_report`).
+No rank waits for another and nothing travels per step: under BSP
 every rank holds rank 0's state after each step, so rank 0's checkpoint is
 the job's (a parameter rule's checkpoint is rank 0's in any case).  A rank
 other than 0 that receives the signal tells rank 0 in its next heartbeat
@@ -18,12 +23,18 @@ when it receives either.
 
 Nothing here imports numpy, Theano or MPI: ranks install it as they start.
 """
+import os
 import signal
 
 #: The exit status of a preempted job: resumable (``EX_TEMPFAIL``, "try again").
 PREEMPTED = 75
 #: The signals that ask for a checkpoint and a stop.
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+#: Seconds the step in flight has, after the signal, to end and rank 0 to
+#: write its checkpoint, before the job is stopped anyway: well inside
+#: Slurm's ``KillWait`` (30 s by default), after which SIGKILL comes.
+GRACE = 20.0
 
 #: The name of the signal that asked this rank to stop (``"SIGTERM"``), or
 #: ``None``; read once per call by the checkpointer.
@@ -68,3 +79,58 @@ def request(name):
 
 def _note(number, frame):
     request(signal.Signals(number).name)
+
+
+def bounds(options):
+    """``(grace, checkpoint directory)`` of ``options`` when :func:`wanted`,
+    else ``None``: ``--preempt-grace`` (checked by the reliability plugin)
+    in seconds, and ``--checkpoint-dir`` made absolute."""
+    if not wanted(options):
+        return None
+    value = options.extra.get("preempt_grace")
+    directory = os.path.abspath(os.path.expanduser(options.extra["checkpoint_dir"]))
+    return (GRACE if value is None else float(value)), directory
+
+
+def overdue_report(name, grace, directory, progress=None, written=None, here=True,
+                   stuck=None):
+    """The ``tmpi: preempted:`` line of a job stopped because its step in
+    flight did not end within the grace.
+
+    Parameters
+    ----------
+    name : str
+        The signal that asked for the stop (``"SIGTERM"``).
+    grace : float
+        ``--preempt-grace``, in seconds.
+    directory : str
+        ``--checkpoint-dir``.
+    progress : int or None
+        The training steps rank 0 had completed, when known.
+    written : tuple or None
+        ``(path, step)`` of the last checkpoint rank 0 said it wrote.
+    here : bool
+        Whether rank 0's disk is this machine's: else only ``written`` is known.
+    stuck : str or None
+        Which ranks held the step up, in words, when known.
+    """
+    from tmpi_adapters.reliability.checkpoint.fileformat import newest_whole
+    head = ("tmpi: preempted: the step in flight did not end within %g s of the %s "
+            "(--preempt-grace)%s, so the job was stopped; it ends with status %d."
+            % (grace, name, ": %s" % stuck if stuck else "", PREEMPTED))
+    path, step = newest_whole(directory) if here else (None, None)
+    if written is not None and (path is None or written[1] > step):
+        path, step = written
+    if path is None:
+        where = directory if here else "%s on rank 0's host" % directory
+        lost = (", and the %d step(s) rank 0 had completed are lost" % progress
+                if progress else "")
+        return ("%s No checkpoint of this run is in %s: the same command with --resume auto "
+                "starts from the beginning%s." % (head, where, lost))
+    if progress is not None and progress >= step:
+        lost = ("; rank 0 had completed step %d, so %d step(s) are lost"
+                % (progress, progress - step))
+    else:
+        lost = ""
+    return ("%s The newest checkpoint on disk is %s (step %d)%s: the same command with "
+            "--resume auto continues from step %d." % (head, path, step, lost, step))

@@ -33,7 +33,8 @@ import time
 from tmpi_adapters.core.protocol import read_values
 from tmpi_adapters.errors import CheckpointError
 from tmpi_adapters.files import write_atomic
-from tmpi_adapters.process.jobdir import Progress, job_dir, mark, mark_checkpoint
+from tmpi_adapters.process.jobdir import (PROGRESS_FILE_ENV, Progress, job_dir, mark,
+                                         mark_checkpoint)
 from tmpi_adapters.process.output import report
 from tmpi_adapters.pluginmanager import hookimpl
 from tmpi_adapters.reliability import preemption
@@ -111,6 +112,8 @@ class Checkpointer:
             remove_stale_partials(self.directory)
             if job_dir():
                 self.progress = Progress(job_dir())
+            elif os.environ.get(PROGRESS_FILE_ENV):  # a tmpi wrap above the rank
+                self.progress = Progress(path=os.environ[PROGRESS_FILE_ENV])
         self.generators.install()
         if self.settings.resume:
             self._begin_resume()

@@ -119,6 +119,37 @@ def remove_stale_partials(directory):
                 pass
 
 
+def read_header(path):
+    """The header of checkpoint file ``path`` when the file is as long as it
+    says (a cheap look, without reading the payload or checking its sum),
+    else ``None``."""
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(len(MAGIC) + 65536)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return None
+    end = start.find(b"\n", len(MAGIC))
+    if not start.startswith(MAGIC) or end < 0:
+        return None
+    try:
+        header = json.loads(start[len(MAGIC):end].decode())
+        whole = size == end + 1 + int(header["payload"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    return header if whole else None
+
+
+def newest_whole(directory):
+    """``(path, step)`` of the newest checkpoint in ``directory`` that is as
+    long as its header says (:func:`read_header`), or ``(None, None)``."""
+    for path in reversed(list_checkpoints(directory)):
+        header = read_header(path)
+        if header is not None:
+            return path, int(header.get("train_calls", 0))
+    return None, None
+
+
 def list_checkpoints(directory):
     """Checkpoint files in ``directory``, oldest first: by the training step in
     their names (then by time written, for files of different runs)."""

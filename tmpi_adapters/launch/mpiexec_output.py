@@ -1,0 +1,123 @@
+"""What ``mpiexec`` writes, forwarded as it comes (:class:`MpiexecOutput`,
+a part of :class:`~tmpi_adapters.launch.watch.JobWatch`): a progress bar's
+redraws at once, MPICH's termination banner and ``MPI_Abort`` chatter read
+and held back (tmpi says the same in one sentence naming the rank), hydra's
+traces held back unless tmpi has nothing better to say.
+"""
+import os
+import re
+import sys
+
+# Launcher chatter that repeats what tmpi reports itself.
+_NOISE = re.compile(rb"^Abort\((\d+)\) on node \d+ \(rank (\d+) in comm \d+\): "
+                    rb"application called MPI_Abort")
+_BANNER_RULE = re.compile(rb"^={20,}\s*$")
+_BANNER_PID = re.compile(rb"PID (\d+) RUNNING AT (\S+)")
+_BANNER_CODE = re.compile(rb"EXIT CODE: (-?\d+)")
+_BANNER_TRAILER = (b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING",
+                   b"This typically refers to a problem with your application",
+                   b"Please see the FAQ page for debugging suggestions")
+_EXIT_STRING = re.compile(rb"EXIT STRING: (.*?)\s*$")
+# Hydra's own trace of a job torn down, held back unless tmpi can say nothing
+# better (a proxy on another host that lost its rank or its connection).
+_HYDRA_TRACE = re.compile(rb"^\[(proxy:[\d:]+@\S+|mpiexec@\S+)\] ")
+
+
+def _lines_and_redraws(stream):
+    """The output of ``stream`` (a pipe) in whole lines, and, as soon as it
+    comes, what ends in a carriage return: a progress bar (tqdm, Keras')
+    redraws its line without ending it, and would show only at its end."""
+    fd, pending = stream.fileno(), b""
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        pending += data
+        while pending:
+            cut = pending.find(b"\n") + 1
+            if not cut:
+                if b"\r" in pending:  # redraws: each was flushed whole, pass them on
+                    cut = len(pending)
+                else:
+                    break
+            yield pending[:cut]
+            pending = pending[cut:]
+    if pending:
+        yield pending
+
+
+class MpiexecOutput:
+    """The threads that read ``mpiexec``'s stdout and stderr for the watch.
+
+    What they find, for the watch's final word: ``terminations`` (``(pid,
+    host, exit code, exit string)`` of each banner), ``aborts`` (``(rank,
+    code)`` of ``MPI_Abort`` calls), ``reports_seen`` (``tmpi: ...`` lines
+    passed on) and ``hydra_trace`` (hydra's lines, held back).  The class
+    using it sets those and ``process`` (the ``mpiexec``).
+    """
+
+    def _pump_stdout(self):
+        sink = sys.stdout.buffer
+        held = []      # blank lines and a rule line, until the next line tells
+        banner = None  # the lines of a termination banner being read
+        for line in _lines_and_redraws(self.process.stdout):
+            if not line.endswith(b"\n") and banner is None:
+                self._write(sink, held + [line])  # a progress bar redrawn in place
+                held = []
+                continue
+            if banner is not None:
+                banner.append(line)
+                if _BANNER_RULE.match(line):
+                    self._end_banner(banner, sink)
+                    banner = None
+                continue
+            if held and _BANNER_RULE.match(held[-1]):
+                if b"BAD TERMINATION" in line:
+                    banner, held = held + [line], []
+                    continue
+                self._write(sink, held)
+                held = []
+            if _BANNER_RULE.match(line) or not line.strip():
+                held.append(line)
+                continue
+            if self.terminations and line.startswith(_BANNER_TRAILER):
+                match = _EXIT_STRING.search(line)
+                if match:
+                    pid, host, code, _ = self.terminations[-1]
+                    self.terminations[-1] = (pid, host, code,
+                                             match.group(1).decode("utf-8", "replace"))
+                continue
+            self._write(sink, held + [line])
+            held = []
+        self._write(sink, held + (banner or []))
+        self.process.stdout.close()
+
+    def _end_banner(self, lines, sink):
+        text = b"".join(lines)
+        pid, code = _BANNER_PID.search(text), _BANNER_CODE.search(text)
+        if b"BAD TERMINATION" not in text or pid is None:
+            self._write(sink, lines)
+            return
+        self.terminations.append((int(pid.group(1)), pid.group(2).decode(),
+                                  int(code.group(1)) if code else None, ""))
+
+    def _pump_stderr(self):
+        sink = sys.stderr.buffer
+        for line in _lines_and_redraws(self.process.stderr):
+            noise = _NOISE.match(line)
+            if noise:
+                self.aborts.append((int(noise.group(2)), int(noise.group(1))))
+                continue
+            if line.startswith(b"tmpi: "):
+                self.reports_seen.add(line.strip())
+            if _HYDRA_TRACE.match(line):
+                self.hydra_trace.append(line)
+                continue
+            self._write(sink, [line])
+        self.process.stderr.close()
+
+    @staticmethod
+    def _write(sink, lines):
+        if lines:
+            sink.write(b"".join(lines))
+            sink.flush()

@@ -117,6 +117,12 @@ class DistributedFunction:
     def __repr__(self):
         return "<tmpi DistributedFunction %s of %r>" % (self.model.name, self.fn)
 
+    @property
+    def coupled(self):
+        """True when the step's graph was converted by the row analysis (its
+        collectives read which rows this rank runs)."""
+        return getattr(self.model, "coupled", None) is not None
+
     # -- batches --------------------------------------------------------------------
     @property
     def sliced(self):
@@ -160,7 +166,12 @@ class DistributedFunction:
         if rows is None or session.size == 1:
             if self.sliced:
                 self._local_call(args, kwargs, rows, bounds, 0, rows)
-            return self._step(args, kwargs, weight=rows or 1, rows=rows, batch=rows)
+            weight = rows or 1
+            if self.coupled and session.size > 1:
+                # Every rank runs the whole call: rank 0's parts stand for all.
+                session.set_rows(0, 1, 1)
+                weight = weight if session.rank == 0 else 0
+            return self._step(args, kwargs, weight=weight, rows=rows, batch=rows)
         first = not self._split_once
         if first:
             self._split_once = True
@@ -173,6 +184,8 @@ class DistributedFunction:
         data = self._fingerprint(args, kwargs, bounds) \
             if mode == "rows" and fingerprinted(self.calls) else None
         local_args, local_kwargs = self._local_call(args, kwargs, rows, bounds, lo, hi)
+        if self.coupled:
+            session.set_rows(lo, hi, rows)
         try:
             # An empty batch is one row's worth of weight for rank 0 (the
             # envelope's rows and the exchange's total).

@@ -269,3 +269,49 @@ def leaving_outputs(node):
     node.tag.tmpi_leaving = frozenset(found)
     return node.tag.tmpi_leaving
 
+
+
+class Couple(Op):
+    """Values of a training step made whole across ranks, in one collective.
+
+    Where a step's rows meet (a batch statistic, a loss the updates read, a
+    row picked by index), the row analysis (:mod:`tmpi_adapters.graphs.rows`)
+    asks for the one-process value: this node makes every such value of one
+    *level* (values that do not depend on each other) whole at once.  Its
+    inputs are each rank's parts, one per entry of ``kinds``: ``"sum"``,
+    ``"max"``, ``"min"`` (partial values, reduced over the ranks whose rows
+    count) or ``"gather"`` (rows along ``axes[i]``, joined in rank order);
+    after them come ``after`` inputs that only order the node (it runs after
+    the nodes that make them).  Outputs are the whole values, the same on
+    every rank.
+
+    ``couple`` is the session's :meth:`~tmpi_adapters.core.session.Session.couple`,
+    given when the training function is compiled.
+    """
+
+    __props__ = ("key", "kinds", "axes", "level", "after")
+
+    def __init__(self, key, kinds, axes, level, after=0, couple=None):
+        self.key, self.kinds, self.axes = key, tuple(kinds), tuple(axes)
+        self.level, self.after = level, after
+        self._couple = couple
+
+    def do_constant_folding(self, node):
+        return False
+
+    def make_node(self, *inputs):
+        # A host op: Theano moves device values to it and back itself.
+        inputs = [theano.tensor.as_tensor_variable(v) for v in inputs]
+        values = inputs[:len(self.kinds)]
+        return Apply(self, inputs, [v.type() for v in values])
+
+    def perform(self, node, inputs, output_storage):
+        if self._couple is None:
+            raise _unbound(self.key)
+        results = self._couple(list(inputs[:len(self.kinds)]), self.kinds, self.axes,
+                               key=self.key)
+        for store, value, variable in zip(output_storage, results, node.outputs):
+            store[0] = np.asarray(value, dtype=variable.dtype)
+
+    def __reduce__(self):
+        return (Couple, (self.key, self.kinds, self.axes, self.level, self.after))

@@ -213,6 +213,11 @@ class Session:
         summary = self.recorder.summary()
         if summary and self.options.summary:
             self.print(self.recorder.format_summary(summary))
+            for model in self.models:
+                coupled = getattr(model, "coupled", None)
+                text = coupled.describe() if coupled is not None and model.step else None
+                if text:
+                    self.print("tmpi: %s" % text)
         for core, ranks in (summary or {}).get("shared_cores") or ():
             self.print("tmpi: warning: ranks %s kept running on core %d while a core of "
                        "theirs was free, so each waited for the other's time slice: let tmpi "
@@ -334,6 +339,90 @@ class Session:
         if model is not None and model.scales_learning_rate:
             return 1.0
         return self.learning_rate_scale(model)
+
+    # -- rows that meet inside a step (graphs/rows.py, core/coupling.py) ---------------
+    @property
+    def rows_window(self):
+        """The shared int64 vector ``[lo, hi, N]`` the converted graphs read:
+        this rank's rows of the global batch of the call running (made when
+        first asked, once Theano is imported)."""
+        window = getattr(self, "_rows_window", None)
+        if window is None:
+            import theano
+            from tmpi_adapters.graphs.rows import ROWS_WINDOW
+            window = self._rows_window = theano.shared(np.array([0, 1, 1], dtype="int64"),
+                                                       name=ROWS_WINDOW)
+        return window
+
+    def set_rows(self, lo, hi, total):
+        """Say which rows ``[lo, hi)`` of ``total`` the next call of a
+        converted function runs (``(0, 1, 1)``: every rank runs the whole call)."""
+        window = getattr(self, "_rows_window", None)
+        if window is not None:
+            window.set_value(np.array([lo, hi, total], dtype="int64"), borrow=True)
+
+    def couple(self, values, kinds, axes, key=None):
+        """What the in-graph :class:`~tmpi_adapters.core.ops.Couple` calls:
+        ``values`` made whole across ranks in one collective (a gather of
+        every rank's part), combined alike on every rank in rank order: sums
+        added, extrema taken, rows joined along ``axes``.  A rank whose rows
+        do not count (a padding row, or every rank but rank 0 where each runs
+        the whole call) gives nothing."""
+        begin = time.perf_counter()
+        counts = self._weight is None or self._weight > 0
+        header, parts, shapes = [0, 0], [], []
+        for value, kind, axis in zip(values, kinds, axes):
+            value = np.asarray(value)
+            if kind == "gather":
+                value = np.moveaxis(value, axis, 0)
+            shapes.append((value.shape[1:] if kind == "gather" else value.shape, value.dtype))
+            if kind == "gather":
+                value = value if counts else value[:0]
+                header.append(value.shape[0])
+            else:
+                header.append(1 if counts else 0)
+                value = value if counts else value.reshape(-1)[:0]
+            parts.append(np.ascontiguousarray(value))
+        head = np.asarray(header, dtype=np.int64)
+        body = b"".join(p.tobytes() for p in parts)
+        head[0], head[1] = head.nbytes + len(body), len(values)
+        gathered = self.exchanger.allgather_rows(
+            np.frombuffer(head.tobytes() + body, dtype=np.uint8)).tobytes()
+        pieces = [[] for _ in values]
+        offset = 0
+        while offset < len(gathered):
+            n = int(np.frombuffer(gathered, dtype=np.int64, count=2, offset=offset)[1])
+            head = np.frombuffer(gathered, dtype=np.int64, count=2 + n, offset=offset)
+            cursor = offset + head.nbytes
+            for k, (kind, (tail, dtype)) in enumerate(zip(kinds, shapes)):
+                count = int(head[2 + k])
+                shape = ((count,) + tuple(tail)) if kind == "gather" else \
+                    (tuple(tail) if count else (0,))
+                size = int(np.prod(shape, dtype=np.int64))
+                piece = np.frombuffer(gathered, dtype=dtype, count=size,
+                                      offset=cursor).reshape(shape)
+                cursor += size * dtype.itemsize
+                if kind == "gather" or count:
+                    pieces[k].append(piece)
+            offset += int(head[0])
+        results = []
+        for kind, axis, found, value in zip(kinds, axes, pieces, values):
+            if kind == "gather":
+                results.append(np.moveaxis(np.concatenate(found, axis=0), 0, axis))
+            elif not found:
+                raise TmpiError("%s: no rank's rows count in a step's batch statistics"
+                                % key)
+            elif kind == "sum":
+                total = np.array(found[0], copy=True)
+                for piece in found[1:]:
+                    total += piece
+                results.append(total)
+            elif kind == "max":
+                results.append(np.maximum.reduce(found))
+            else:
+                results.append(np.minimum.reduce(found))
+        self.recorder.add_exchange(time.perf_counter() - begin)
+        return results
 
     def exchange_gradients(self, arrays, key=None, ops=None, gradients=None):
         """What the in-graph :class:`~tmpi_adapters.core.ops.FusedAllreduce`

@@ -48,7 +48,8 @@ from tmpi_adapters.core.step import StepExchange
 from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.frameworks.base import FrameworkAdapter, imports_module
 from tmpi_adapters.frameworks import transparency
-from tmpi_adapters.frameworks.theano_split import (analyse_function, pairs, row_axes,
+from tmpi_adapters.frameworks.theano_split import (CoupledCombiner, analyse_function,
+                                                   coupled_compiler, pairs, row_axes,
                                                    split_compiler, split_evaluation)
 from tmpi_adapters.pluginmanager import hookimpl
 
@@ -301,6 +302,9 @@ class TheanoAdapter(FrameworkAdapter):
         # The exchanged gradients' order, for messages about them.
         model.gradient_names = [variable_name(node.op.wrt, i) for i, node in enumerate(markers)]
 
+        if self.coupled(plan):
+            return self._coupled_function(key, bound, output_list, rebuild_outputs,
+                                          update_pairs, updates, markers, plan, model)
         default = self._default_kind()
         kinds = [classify(o, data, default, rows=rows, strict=False) for o in outputs]
         step = None
@@ -323,6 +327,38 @@ class TheanoAdapter(FrameworkAdapter):
                                   single_output=rebuild_outputs.single,
                                   combiner=Combiner(session, after, row_axes(rows, outputs),
                                                     name=key),
+                                  first_split=first_split)
+        model.train_fn = function
+        session.register_model(model)
+        self.functions.append(function)
+        return function
+
+    def coupled(self, plan):
+        """True when a training function is converted by the row analysis so
+        that N ranks compute what one process computes from each whole batch
+        (:mod:`tmpi_adapters.core.coupling`): more than one rank, each batch
+        split by rows (strong scaling), gradients exchanged inside the step."""
+        session = self.session
+        return (plan is not None and session.size > 1 and self.batch_mode() == "rows"
+                and session.rule.exchanges == "gradients")
+
+    def _coupled_function(self, key, bound, output_list, rebuild_outputs, update_pairs,
+                          updates, markers, plan, model):
+        """A training function converted by the row analysis, compiled, and
+        wrapped as its rank's :class:`DistributedFunction`."""
+        session = self.session
+        compile_with, first_split, steps = coupled_compiler(
+            self, key, bound, output_list, rebuild_outputs, update_pairs, updates, plan,
+            markers)
+        compiled = compile_with(None)
+        step = steps[-1]
+        # Every piece of model state is updated from the whole batch inside the step.
+        model.averaged_state = list(model.model_state)
+        model.coupled = step
+        function_class = self.function_class or DistributedFunction
+        function = function_class(self, compiled, model, plan=plan,
+                                  single_output=rebuild_outputs.single,
+                                  combiner=CoupledCombiner(session, steps, name=key),
                                   first_split=first_split)
         model.train_fn = function
         session.register_model(model)

@@ -51,6 +51,121 @@ def analyse_function(adapter, inputs, given_pairs, graph, costs, update_pairs,
     return analyse(inputs, given_pairs, batch_shared, graph, costs, slice_givens=slice_givens)
 
 
+def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pairs, updates,
+                     plan, markers):
+    """``(compile_with, first_split, steps)`` for a training function converted
+    by the row analysis (:class:`~tmpi_adapters.core.coupling.CoupledStep`):
+    ``compile_with(None)`` converts and compiles it (appending its step to
+    ``steps``); ``first_split(sizes, cut)`` decides, on the first split
+    call, where the rows of its reshapes to constant shapes go, and compiles
+    it again where that changes the conversion (else ``None``)."""
+    import theano
+    from tmpi_adapters.core.coupling import CoupledStep
+    from tmpi_adapters.graphs.rows import Rows
+    session = adapter.session
+    graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
+    graph += [expr for _, expr in update_pairs]
+    outputs = graph[:len(output_list)]
+    local_rows = plan.local_rows_variable()
+    fixed = FixedBatch(graph, plan.data, local_rows, key)
+    gradients = {node: i for i, node in enumerate(markers)}
+    steps, used = [], []
+    givens = bound.arguments.get("givens")
+    new_givens = None
+    if plan.given_pairs is not None:
+        new_givens = type(givens)(plan.given_pairs) if hasattr(givens, "items") \
+            else plan.given_pairs
+
+    def decisions():
+        if fixed.done:
+            return dict(fixed.axes), dict(fixed.rewrites)
+        return fixed.assumed_axes(), {}
+
+    def compile_with(_):
+        reshapes, rewrite = decisions()
+        rows = Rows(plan.layout, convert=True, window=session.rows_window, reshapes=reshapes,
+                    rewrite=rewrite, local_rows=local_rows, gradients=gradients)
+        step = CoupledStep(session, key, rows, markers, outputs, update_pairs)
+        steps.append(step)
+        used[:] = [(reshapes, {k: repr(v) for k, v in rewrite.items()})]
+        new_graph = step.outputs + step.updates
+        if plan.replace:
+            new_graph = theano.clone(new_graph, replace=plan.replace)
+        new_outputs = [theano.Out(c, borrow=o.borrow) if isinstance(o, theano.Out) else c
+                       for o, c in zip(output_list, new_graph[:len(output_list)])]
+        new_updates = [(var, expr) for (var, _), expr in
+                       zip(update_pairs, new_graph[len(output_list):])]
+        if hasattr(updates, "items"):
+            from collections import OrderedDict
+            new_updates = OrderedDict(new_updates)
+        arguments = dict(bound.arguments)
+        arguments["outputs"] = rebuild_outputs(new_outputs)
+        if "updates" in arguments or new_updates:
+            arguments["updates"] = new_updates
+        if new_givens is not None:
+            arguments["givens"] = new_givens
+        if plan.sliced and arguments.get("on_unused_input") is None:
+            arguments["on_unused_input"] = "ignore"
+        inputs = arguments.pop("inputs")
+        compiled = adapter.compile(inputs, **arguments)
+        if plan.bounds_fn is None:
+            plan.compile_bounds(adapter._original_function)
+        return compiled
+
+    def recompile(sizes, cut):
+        plan_replace = dict(plan.replace)
+        fixed.resolve(sizes, lambda t, labels, s: probe_shapes(
+            adapter, key, bound, graph, plan_replace, new_givens, t, labels, s, cut),
+            couples=True)
+        reshapes, rewrite = decisions()
+        if [(reshapes, {k: repr(v) for k, v in rewrite.items()})] == used:
+            return None
+        return compile_with(None)
+    first_split = FirstSplit(fixed, recompile) if fixed.found.reshapes else None
+    return compile_with, first_split, steps
+
+
+class CoupledCombiner:
+    """What a converted training step still combines after its call: per-row
+    values and extrema (:class:`~tmpi_adapters.core.combine.Combiner`), as the
+    latest compilation of the step says (``steps[-1]``)."""
+
+    def __init__(self, session, steps, name):
+        self.session, self.steps, self.name = session, steps, name
+        self._made = None
+
+    def _combiner(self):
+        step = self.steps[-1]
+        if self._made is None or self._made[0] is not step:
+            self._made = (step, Combiner(self.session, step.kinds, step.axes, name=self.name))
+        return self._made[1]
+
+    def __call__(self, values, weight, rows, total=None):
+        return self._combiner()(values, weight, rows, total=total)
+
+
+def probe_shapes(adapter, key, bound, graph, plan_replace, new_givens, transform, labels, sizes,
+                 cut):
+    """The shapes of the tagged reshapes' inputs (``labels``) when the
+    function's graph, rewritten by ``transform`` (without any exchange:
+    nothing is exchanged), runs each of ``sizes`` rows, from Theano's own
+    shape inference on the call's inputs cut by ``cut(rows)``."""
+    import theano
+    found = reshape_inputs(transform(theano.clone(graph, replace=plan_replace)))
+    arguments = dict(bound.arguments, outputs=[found[l].shape for l in labels],
+                     on_unused_input="ignore", no_default_updates=True,
+                     name="%s (shapes)" % key)
+    arguments.pop("updates", None)
+    if new_givens is not None:
+        arguments["givens"] = new_givens
+    function = adapter._original_function(**arguments)
+    measured = []
+    for rows in sizes:
+        args, kwargs = cut(rows)
+        measured.append([tuple(int(v) for v in shape) for shape in function(*args, **kwargs)])
+    return {label: [m[k] for m in measured] for k, label in enumerate(labels)}
+
+
 def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pairs, updates,
                    graph, plan, replace, step=None, fixed=None):
     """``(compile_with, first_split)`` for a function split by ``plan``:
@@ -97,27 +212,9 @@ def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pai
             plan.compile_bounds(adapter._original_function)
         return compiled
 
-    def probe(transform, labels, sizes, cut):
-        """The shapes of the tagged reshapes' inputs when the function's graph
-        (without the step's exchange: nothing is exchanged) runs each of
-        ``sizes`` rows, from Theano's own shape inference on the call's inputs."""
-        import theano
-        found = reshape_inputs(transform(theano.clone(graph, replace=plan_replace)))
-        arguments = dict(bound.arguments, outputs=[found[l].shape for l in labels],
-                         on_unused_input="ignore", no_default_updates=True,
-                         name="%s (shapes)" % key)
-        arguments.pop("updates", None)
-        if new_givens is not None:
-            arguments["givens"] = new_givens
-        function = adapter._original_function(**arguments)
-        measured = []
-        for rows in sizes:
-            args, kwargs = cut(rows)
-            measured.append([tuple(int(v) for v in shape) for shape in function(*args, **kwargs)])
-        return {label: [m[k] for m in measured] for k, label in enumerate(labels)}
-
     def recompile(sizes, cut):
-        transform = fixed.resolve(sizes, lambda t, labels, s: probe(t, labels, s, cut))
+        transform = fixed.resolve(sizes, lambda t, labels, s: probe_shapes(
+            adapter, key, bound, graph, plan_replace, new_givens, t, labels, s, cut))
         return compile_with(transform) if transform is not None else None
     return compile_with, (FirstSplit(fixed, recompile) if fixed is not None else None)
 

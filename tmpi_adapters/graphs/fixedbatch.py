@@ -121,9 +121,16 @@ class Rewrite:
         return "%s with %s on axis %d" % (self.entries, share, self.axis)
 
 
+class RowsMeet(ConfigError):
+    """A reshape whose rows no rank's share can follow: rows of different
+    ranks' shares meet in it (the row analysis then gathers them)."""
+
+
 def decide(describe, target, sizes, shapes):
-    """The :class:`Rewrite` of a reshape to the constant shape ``target``, or
-    ``None`` where the reshape needs none.
+    """``(axis, rewrite)`` of a reshape to the constant shape ``target``: the
+    axis of the new shape that holds the rows and the :class:`Rewrite` that
+    makes the shape a rank's own (``None`` where the reshape needs none);
+    ``(None, None)`` where its input's size does not follow the rows.
 
     Parameters
     ----------
@@ -136,17 +143,17 @@ def decide(describe, target, sizes, shapes):
     shapes : list of tuple
         The reshape's input's shape when the function runs each of ``sizes``.
 
-    Raises :class:`~tmpi_adapters.errors.ConfigError` where the reshape's input
-    follows the rows in a way each rank's share cannot reproduce exactly, or
-    in a way that can be read more than one way.
+    Raises :class:`RowsMeet` where the reshape's input follows the rows in a
+    way each rank's share cannot reproduce exactly, or in a way that can be
+    read more than one way.
     """
     batch, full = sizes[0], shapes[0]
     varying = [a for a in range(len(full)) if len({s[a] for s in shapes}) > 1]
     if not varying:
-        return None  # its size does not follow the batch: every rank reshapes alike
+        return None, None  # its size does not follow the batch: every rank reshapes alike
 
     def refuse(why):
-        return ConfigError(
+        return RowsMeet(
             "%s: its input has the shape %s for a batch of %d rows, and %s, so tmpi cannot "
             "rebuild it for each rank's share of the rows. Take the sizes that follow the batch "
             "from the input's shape (x.shape[0], or -1) instead of constants, or run with "
@@ -179,7 +186,8 @@ def decide(describe, target, sizes, shapes):
             reasons.append(str(why))
     if not placed:
         raise refuse(reasons[0])
-    found = {repr(p): "left as written" if p is None else str(p) for p in placed.values()}
+    found = {repr(p): "left as written" if p[1] is None else str(p[1])
+             for p in placed.values()}
     if len(found) > 1:
         raise refuse("its axis %d holds %d entries per row, in an order tmpi cannot tell from "
                      "the sizes alone: each rank's reshape would be %s" % (
@@ -190,8 +198,8 @@ def decide(describe, target, sizes, shapes):
 def _place(target, actual, batch, shares, pre, row):
     """Where the rows of an input of ``pre`` slabs of ``batch`` rows of ``row``
     elements each land in the new shape ``actual`` (``target`` as written):
-    the :class:`Rewrite`, ``None`` where none is needed, or ``ValueError``
-    saying why the rows cannot follow a rank's share."""
+    ``(axis, rewrite)``, the :class:`Rewrite` ``None`` where none is needed,
+    or ``ValueError`` saying why the rows cannot follow a rank's share."""
     period = batch * row                        # one slab: every row
     strides = [math.prod(actual[k + 1:]) for k in range(len(actual))]
     # The axis of the new shape that a slab of rows ends in holds the rows...
@@ -206,7 +214,7 @@ def _place(target, actual, batch, shares, pre, row):
         raise ValueError("an entry of axis %d of the new shape %s holds part of one row and "
                          "part of another" % (k, tuple(actual)))
     if target[k] == -1:
-        return None  # Theano infers that entry from each rank's rows already
+        return k, None  # Theano infers that entry from each rank's rows already
     g = math.gcd(actual[k], batch)
     num, den = actual[k] // g, batch // g
     uneven = [rows for rows in shares if (rows * num) % den]
@@ -214,7 +222,7 @@ def _place(target, actual, batch, shares, pre, row):
         raise ValueError("an entry of axis %d of the new shape %s holds %d rows, which a "
                          "rank's share of %d rows does not divide (use a batch size whose "
                          "shares are multiples of %d)" % (k, tuple(actual), den, uneven[0], den))
-    return Rewrite(k, num, den, actual)
+    return k, Rewrite(k, num, den, actual)
 
 
 class Found:
@@ -327,6 +335,10 @@ class FixedBatch:
         self.name = name
         #: ``label -> Rewrite or None``, once decided
         self.rewrites = {}
+        #: ``label -> the axis of the new shape that holds the rows`` (``None``:
+        #: its size does not follow the rows; ``MIXED``: rows of different
+        #: ranks meet in it), once decided
+        self.axes = {}
         #: the rewrites :meth:`assume` took for granted, if it was asked
         self.assumed = None
         self.done = not self.found.reshapes
@@ -384,9 +396,21 @@ class FixedBatch:
             above[label] = {label_of(n.outputs[0]) for n in _nodes([node.inputs[0]])} & labels
         return above
 
-    def resolve(self, sizes, probe):
+    def assumed_axes(self):
+        """Where the rows of each reshape most likely go, before :meth:`resolve`
+        decides: the axis holding the batch size the convolutions declare,
+        else axis 0."""
+        sizes = {node.op.imshp[0] for node in self.found.convs}
+        batch = sizes.pop() if len(sizes) == 1 else None
+        return {label: shape.index(batch) if shape.count(batch) == 1 else 0
+                for label, (_, shape) in self.found.reshapes.items()}
+
+    def resolve(self, sizes, probe, couples=False):
         """Decide every reshape to a constant shape; the transform to compile
-        with when some reshape needs rewriting, else ``None``.
+        with when some reshape needs rewriting, else ``None``.  With
+        ``couples``, a reshape no share can follow is decided
+        :data:`~tmpi_adapters.graphs.rows.MIXED` (its rows are made whole)
+        instead of an error, and the reshapes below it need no decision.
 
         Parameters
         ----------
@@ -398,16 +422,26 @@ class FixedBatch:
             reshape's input at each size]}``, from the function's graph
             rewritten by ``transform``.
         """
+        from tmpi_adapters.graphs.rows import MIXED
         above = self._upstream()
         pending = set(self.found.reshapes)
         while pending:
             ready = sorted(l for l in pending if not above[l] & pending)
-            shapes = probe(self.transform(), ready, sizes)
+            whole = [l for l in ready if any(self.axes.get(u) == MIXED for u in above[l])]
+            for label in whole:
+                self.rewrites[label], self.axes[label] = None, MIXED
+            ready = [l for l in ready if l not in whole]
+            shapes = probe(self.transform(), ready, sizes) if ready else {}
             for label in ready:
                 _, target = self.found.reshapes[label]
-                self.rewrites[label] = decide(self.describe(label), target, sizes,
-                                              shapes[label])
-            pending -= set(ready)
+                try:
+                    axis, rewrite = decide(self.describe(label), target, sizes, shapes[label])
+                except RowsMeet:
+                    if not couples:
+                        raise
+                    axis, rewrite = MIXED, None
+                self.rewrites[label], self.axes[label] = rewrite, axis
+            pending -= set(ready) | set(whole)
         self.done = True
         if not any(self.rewrites.values()):
             return None

@@ -44,6 +44,9 @@ class Layout:
     counts : list of Variable
         Expressions known to count examples (Blocks' ``mean(total, count)``
         denominators).
+    axes : dict, optional
+        ``{variable: batch axis or None}`` of the data, when already known:
+        nothing is read from the costs.
 
     Attributes
     ----------
@@ -53,7 +56,7 @@ class Layout:
         Why the batch axis of some input cannot be told.
     """
 
-    def __init__(self, data, graph, costs=(), counts=()):
+    def __init__(self, data, graph, costs=(), counts=(), axes=None):
         self.data = [d for d in data if d is not None]
         self._data_ids = {id(d) for d in self.data}
         self._parent = {}
@@ -66,8 +69,11 @@ class Layout:
         self._read_sizes()
         # Classes only once every union is made: a union may change a root.
         self.time = {self._find(sym) for sym in self.time}
-        batch = self._evidence(costs, counts)
-        self.axes = self._decide(batch)
+        if axes is not None:
+            # Axes known already (a scan's inner graph, from its outer inputs).
+            self.axes = {id(d): axes.get(d) for d in self.data}
+        else:
+            self.axes = self._decide(self._evidence(costs, counts))
         #: the classes of the symbols that are batch axes
         self.batch = {self._find((id(d), a)) for d in self.data
                       for a in [self.axes.get(id(d))] if a is not None}

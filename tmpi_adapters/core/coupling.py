@@ -1,0 +1,244 @@
+"""A training step made exact wherever its rows meet: collectives inside the graph.
+
+The row analysis (:mod:`tmpi_adapters.graphs.rows`, converting reading)
+gives a training function's graph as each rank computes it, with a
+*request* (a ``Pending`` node) wherever a value must be made whole across
+ranks: a partial sum (a gradient, a loss, a batch mean) or rows (a row picked
+by index, a Gram matrix).  :class:`CoupledStep` turns them into collectives:
+
+* requests that no other request depends on (the gradients, the losses the
+  step returns, a value only the updates read) travel in the step's one
+  exchange (:class:`~tmpi_adapters.core.ops.FusedAllreduce`, or its parts
+  under ``--overlap``): a step whose rows meet nowhere else keeps one
+  collective;
+* the others (a batch statistic the next layer reads) are grouped by level,
+  the requests of a level independent of each other, each level one
+  :class:`~tmpi_adapters.core.ops.Couple`; a level's node depends on the one
+  before, and the exchange on the last, so every rank runs them in one order;
+* extrema and rows among the first kind are made whole by one ``Couple``
+  after the exchange.
+
+What the step returns is then the one-process value on every rank (sums and
+whole values), or per-row values and extrema that the
+:class:`~tmpi_adapters.core.combine.Combiner` combines after the call.
+"""
+from tmpi_adapters.errors import ConfigError
+from tmpi_adapters.graphs.rows import (DRAW, MAX, MIN, MIXED, REPL, SAME, SHAPE, SUM,
+                                       is_pending)
+
+
+class CoupledStep:
+    """The converted graph of one training function, its collectives built.
+
+    Parameters
+    ----------
+    session : tmpi_adapters.core.session.Session
+    key : str
+        The training function's name.
+    rows : tmpi_adapters.graphs.rows.Rows
+        The converting reading of its graph (its gradients' markers known).
+    markers : list of Apply
+        The gradient markers, in exchange order (``rows.gradients``' keys).
+    outputs : list of Variable
+        The function's outputs (original graph).
+    update_pairs : list of (SharedVariable, Variable)
+        Its updates (original graph).
+
+    Attributes
+    ----------
+    outputs, updates : list of Variable
+        The converted outputs and update expressions, ready to compile.
+    kinds, axes : list
+        Per output, what the :class:`~tmpi_adapters.core.combine.Combiner`
+        still does (``None``: nothing, the value is whole) and along which axis.
+    levels : list of list of str
+        Per collective besides the exchange, the couplings it makes whole.
+    """
+
+    def __init__(self, session, key, rows, markers, outputs, update_pairs):
+        if rows.refusal is not None:
+            raise refusal_error(key, rows.refusal, session.size)
+        self.session, self.key, self.rows = session, key, rows
+        self.kinds, self.axes = [], []
+        roots = [self._output(o) for o in outputs]
+        n_outputs = len(roots)
+        roots += [self._update(expr) for _, expr in update_pairs]
+        if rows.refusal is not None:
+            raise refusal_error(key, rows.refusal, session.size)
+        self.levels = []
+        self.exchanged = 0
+        built = self._build(roots, markers)
+        self.outputs, self.updates = built[:n_outputs], built[n_outputs:]
+
+    # -- what leaves the step -------------------------------------------------------
+    def _output(self, output):
+        rows = self.rows
+        mark = rows(output)
+        options = self.session.options
+        if isinstance(mark, int):
+            self.kinds.append("rows")
+            self.axes.append(mark)
+            return rows.local(output)
+        self.axes.append(0)
+        if mark == SUM and options.outputs == "local":
+            # Each rank's own value: its part scaled up to the whole batch's size.
+            self.kinds.append(None)
+            lo, hi, total = rows.window[0], rows.window[1], rows.window[2]
+            local = rows.local(output)
+            scale = rows.T.cast(total, local.dtype) / rows.T.cast(rows.T.maximum(hi - lo, 1),
+                                                                  local.dtype)
+            return rows.T.cast(local * scale, local.dtype)
+        if mark in (MAX, MIN):
+            self.kinds.append(None if options.outputs == "local" else mark[1:])
+            return rows.local(output)
+        self.kinds.append(None)
+        if mark == SHAPE:
+            return rows.global_value(output)
+        if mark == SUM:
+            return rows.replicated(output)
+        return rows.local(output)
+
+    def _update(self, expr):
+        rows = self.rows
+        mark = rows(expr)
+        if mark is SAME or mark in (REPL, DRAW):
+            return rows.local(expr)
+        if mark == SHAPE:
+            return rows.global_value(expr)
+        if mark == MIXED:
+            return rows.local(expr)
+        return rows.replicated(expr)
+
+    # -- collectives ------------------------------------------------------------------
+    def _build(self, roots, markers):
+        from theano.gof.graph import inputs, io_toposort
+        requests = {r.output: r for r in self.rows.requests}
+        nodes = io_toposort(list(inputs(roots)), roots)
+        pendings = [node.outputs[0] for node in nodes if is_pending(node.outputs[0])]
+        bit = {p: 1 << k for k, p in enumerate(pendings)}
+        upstream, level, depends = {}, {}, {}
+        for node in nodes:
+            above = 0
+            for v in node.inputs:
+                above |= upstream.get(v, 0)
+            if node.outputs[0] in bit:
+                p = node.outputs[0]
+                depends[p] = above
+                level[p] = 1 + max([level[q] for q in pendings if above & bit[q]] or [-1])
+                above |= bit[p]
+            for v in node.outputs:
+                upstream[v] = above
+        needed = 0
+        for p in pendings:
+            needed |= depends[p]
+        final = [p for p in pendings if not needed & bit[p]]
+        inner = [p for p in pendings if needed & bit[p]]
+        memo = {}
+        for depth in sorted({level[p] for p in inner}):
+            group = [p for p in inner if level[p] == depth]
+            self._couple(group, requests, memo, depth)
+        self._exchange(final, requests, markers, memo)
+        return _rebuild(roots, memo)
+
+    def _couple(self, group, requests, memo, depth, after=()):
+        """One :class:`~tmpi_adapters.core.ops.Couple` for ``group``."""
+        from tmpi_adapters.core.ops import Couple
+        values = _rebuild([p.owner.inputs[0] for p in group], memo)
+        kinds = [requests[p].kind for p in group]
+        axes = [requests[p].axis or 0 for p in group]
+        op = Couple(self.key, ["sum" if k == "same" else k for k in kinds], axes, depth,
+                    after=len(after), couple=self.session.couple)
+        results = op(*(values + list(after)))
+        results = results if isinstance(results, (list, tuple)) else [results]
+        for p, result in zip(group, results):
+            memo[p] = result
+        self.levels.append([_describe(self.rows, requests[p]) for p in group])
+        return results
+
+    def _exchange(self, final, requests, markers, memo):
+        """The step's exchange: gradients (in marker order), then the other
+        sums; extrema and rows made whole after it."""
+        from tmpi_adapters.core.ops import FusedAllreduce
+        from tmpi_adapters.core.step import StepExchange
+        session = self.session
+        gradients = sorted((p for p in final if requests[p].gradient is not None),
+                           key=lambda p: requests[p].gradient)
+        riders = [p for p in final if requests[p].gradient is None
+                  and requests[p].kind in ("sum", "same")]
+        others = [p for p in final if requests[p].gradient is None
+                  and requests[p].kind not in ("sum", "same")]
+        members = gradients + riders
+        results = []
+        if members:
+            arrays = _rebuild([p.owner.inputs[0] for p in members], memo)
+            ops = ["mean" if requests[p].kind == "same" else "sum" for p in members]
+            used = [markers[requests[p].gradient] for p in gradients]
+            if session.overlapping and used:
+                results = StepExchange.parts(session, self.key, used, arrays, ops)
+            else:
+                fused = FusedAllreduce(self.key, ops, gradients=len(used),
+                                       exchange=session.exchange_gradients,
+                                       borrowed=session.size > 1)(*arrays)
+                results = list(fused) if isinstance(fused, (list, tuple)) else [fused]
+            for p, result in zip(members, results):
+                memo[p] = result
+            self.exchanged = len(members)
+        if others:
+            self._couple(others, requests, memo, "after the exchange", after=results[:1])
+
+    @property
+    def collectives(self):
+        """Collectives per step: the exchange and the levels of couplings."""
+        return 1 + len(self.levels)
+
+    def describe(self):
+        """The end-of-run words for the step's collectives, or ``None``
+        where the exchange is all: ``"train_fn#0: 3 collectives per step:
+        the exchange + 2 where the batch's rows meet: a sum over the rows
+        (Sum of Elemwise) (train.py:14); ..."``."""
+        if not self.levels:
+            return None
+        made = [text for level in self.levels for text in level]
+        shown = "; ".join(made[:3]) + ("; ..." if len(made) > 3 else "")
+        return ("%s: %d collectives per step: the exchange + %d where the batch's rows meet "
+                "(%d value%s made whole: %s)" % (
+                    self.key, self.collectives, len(self.levels), len(made),
+                    "" if len(made) == 1 else "s", shown))
+
+
+def _describe(rows, request):
+    if request.coupling is not None:
+        return request.coupling.describe()
+    return "%s of %s" % (request.kind, request.source)
+
+
+def _rebuild(variables, memo):
+    """``variables`` with ``memo``'s replacements made in their graphs."""
+    from theano.gof.graph import inputs, io_toposort
+    variables = list(variables)
+    for node in io_toposort(list(inputs(variables)), variables):
+        if all(v in memo for v in node.outputs):
+            continue
+        new_inputs = [memo.get(v, v) for v in node.inputs]
+        if all(a is b for a, b in zip(new_inputs, node.inputs)):
+            continue
+        new = node.clone_with_new_inputs(new_inputs, strict=False)
+        for old, fresh in zip(node.outputs, new.outputs):
+            fresh.name = old.name
+            memo.setdefault(old, fresh)
+    return [memo.get(v, v) for v in variables]
+
+
+def refusal_error(key, refusal, size=2):
+    """The error for a step whose rows meet where tmpi cannot make them exact."""
+    from tmpi_adapters.graphs.rows import _made_at
+    node = refusal.node
+    where = _made_at(node) if node is not None else ""
+    what = type(node.op).__name__ if node is not None else "an expression"
+    return ConfigError(
+        "%s: the rows of its batch meet in %s%s, where %s, so %d ranks cannot compute what "
+        "one process computes from the whole batch. Draw random numbers with "
+        "theano.sandbox.rng_mrg.MRG_RandomStreams' or RandomStreams' uniform, normal or "
+        "binomial (tmpi draws them for the whole batch), or run with --scaling weak so "
+        "that each rank takes whole batches." % (
+            key, what, " made at %s" % where if where else "", refusal.why, size))

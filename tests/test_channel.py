@@ -89,6 +89,10 @@ def test_hosts_in_both_host_file_formats_and_on_the_command_line(tmp_path):
     openmpi.write_text("a slots=2 max_slots=4\nb\n")
     assert [repr(h) for h in read_hostfile(str(mpich))] == ["a:2", "b:1"]
     assert [repr(h) for h in read_hostfile(str(openmpi))] == ["a:2", "b:1"]
+    # Open MPI's format lists a host once a line, a slot each unless told.
+    repeated = tmp_path / "repeated"
+    repeated.write_text("a\na\nb slots=2\n")
+    assert [repr(h) for h in host_set(hostfile=str(repeated)).hosts] == ["a:2", "b:2"]
     hosts = host_set(hosts="a:2,b:1,a:1", launcher_exec="enter-host")
     assert hosts.describe() == "a:3,b:1" and hosts.slots == 4
     assert hosts.mpiexec_args("hydra") == ["-hosts", "a:3,b:1", "-launcher", "ssh",
@@ -99,7 +103,20 @@ def test_hosts_in_both_host_file_formats_and_on_the_command_line(tmp_path):
 
 @pytest.mark.parametrize("make, words", [
     (lambda tmp: host_set(hosts="a:0"), "whole number >= 1"),
-    (lambda tmp: host_set(hosts=","), "names no host"),
+    (lambda tmp: host_set(hosts=","), "an empty entry"),
+    (lambda tmp: host_set(hosts="a:2,,b:2"), "an empty entry"),
+    (lambda tmp: host_set(hosts="a:"), "'a:' has no number of ranks after the colon"),
+    (lambda tmp: host_set(hosts=":2"), "':2' names no host before the colon"),
+    (lambda tmp: host_set(hosts="-oProxyCommand=x:2"), "is not a host name"),
+    (lambda tmp: host_set(hosts="node 1:2"), "is not a host name"),
+    (lambda tmp: (tmp / "f").write_text("a:2\nb:\n") and host_set(hostfile=str(tmp / "f")),
+     "line 2: 'b:' has no number of ranks"),
+    (lambda tmp: (tmp / "f").write_text(":2\n") and host_set(hostfile=str(tmp / "f")),
+     "line 1: ':2' names no host"),
+    (lambda tmp: (tmp / "f").write_text("a slots=\n") and host_set(hostfile=str(tmp / "f")),
+     "line 1: the ranks of a host must be a whole number >= 1, not ''"),
+    (lambda tmp: (tmp / "f").write_text("a:2 slots=3\n") and host_set(hostfile=str(tmp / "f")),
+     "line 1: 'a:2 slots=3' is neither"),
     (lambda tmp: host_set(hosts="a", hostfile="f"), "give one of them"),
     (lambda tmp: host_set(launcher_exec="x"), "name them too"),
     (lambda tmp: host_set(hostfile=str(tmp / "missing")), "cannot be read"),
@@ -127,6 +144,11 @@ def test_a_host_that_does_not_answer_is_left_out(tmp_path):
     (["--hosts", "a:1,b:1", "-n", "3"], "-n 3 is more ranks than the 2 that --hosts"),
     (["--launcher-exec", "enter-host"], "name them too"),
     (["--hosts", "a:2", "--hostfile", "f"], "give one of them"),
+    (["--hosts", "h1:"], "'h1:' has no number of ranks after the colon"),
+    (["--hosts", ":2"], "':2' names no host before the colon"),
+    # A host named twice is one host with the slots added, as hydra counts them.
+    (["--hosts", "a:2,a:2", "-n", "5"], "-n 5 is more ranks than the 4 that --hosts/--hostfile "
+                                         "name (a:4)"),
 ])
 def test_the_command_line_refuses_hosts_it_cannot_use_before_starting(words, said):
     result = tmpi("wrap", *words, EXAMPLES / "theano_mlp" / "train.py", "--epochs", "1")

@@ -319,6 +319,28 @@ def test_a_host_whose_ranks_are_stopped_is_reported_as_a_stall(hosts):
     assert "final params" not in stdout
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["unknown", "offline"])
+def test_a_host_that_cannot_be_reached_is_named_with_the_launchers_reason(hosts, how):
+    first, second = hosts.names[:2]
+    if how == "offline":
+        hosts.offline(second)
+        target, reason = second, "No route to host"
+    else:
+        target, reason = "tmpi-h99", "Could not resolve emulated host tmpi-h99"
+    try:
+        result = tmpi("wrap", "--hosts", "%s:1,%s:1" % (first, target), "--launcher-exec",
+                      hosts.launcher_exec, *hosts.interface_args(), RESTART, "10", timeout=120)
+    finally:
+        hosts.online(second)
+    said = [line for line in result.stderr.splitlines() if line.startswith("tmpi: ")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(said) == 1 and said[0].startswith(
+        "tmpi: the ranks could not be started: host %s cannot be reached (emulated-hosts %s "
+        "true: status 255: " % (target, target)) and reason in said[0], result.stderr[-3000:]
+    assert first not in said[0]
+
+
 def ranks_in(text):
     """``"ranks 1-3, 5"`` -> ``[1, 2, 3, 5]`` (the watchdog's way of naming ranks)."""
     found = []

@@ -183,6 +183,7 @@ def test_mpiexec_that_does_not_exist(tmp_path):
 
 
 def test_mpiexec_that_cannot_start_ranks():
-    fails_with(tmpi("wrap", "-n", "2", "--mpiexec", "false", MLP),
-               "false ended with status 1 before any rank started",
+    result = tmpi("wrap", "-n", "2", "--mpiexec", "false", MLP)
+    fails_with(result, "false ended with status 1 before any rank started",
                "Check --mpiexec and --mpiexec-arg")
+    assert result.returncode == 2  # bad input: the launcher's own status is none of tmpi's

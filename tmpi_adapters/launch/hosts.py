@@ -11,6 +11,7 @@ on other machines send the launcher their files over TCP
 import os
 import re
 import subprocess
+import threading
 
 from tmpi_adapters.errors import TmpiError
 
@@ -32,18 +33,37 @@ class Host:
 
 
 def parse_hosts(text):
-    """``"a:4,b:4"`` (or ``"a,b"``, one slot each) -> ``[Host]``."""
+    """``"a:4,b:4"`` (or ``"a,b"``, one slot each) -> ``[Host]``; a host named
+    twice is one host with the slots added (:func:`merged`, later)."""
     hosts = []
+    where = "--hosts %r" % text
     for word in text.split(","):
-        word = word.strip()
-        if not word:
-            continue
-        name, _, slots = word.partition(":")
-        hosts.append(Host(name, _slots(slots or "1", "--hosts %s" % text)))
-    if not hosts:
-        raise TmpiError("--hosts %r names no host: give them as NAME:RANKS,NAME:RANKS "
-                        "(e.g. --hosts node1:4,node2:4)." % text)
+        if not word.strip():
+            raise TmpiError("%s: an empty entry (two commas, or one at an end): give the "
+                            "hosts as NAME:RANKS,NAME:RANKS (e.g. --hosts node1:4,node2:4)."
+                            % where)
+        hosts.append(_host(word.strip(), where))
     return hosts
+
+
+def _host(word, where):
+    """``NAME`` or ``NAME:RANKS`` -> :class:`Host`, each part checked."""
+    name, colon, slots = word.partition(":")
+    if not name:
+        raise TmpiError("%s: %r names no host before the colon: write NAME:RANKS (e.g. "
+                        "node1:%s)." % (where, word, slots or "4"))
+    if not _HOST_NAME.match(name):
+        raise TmpiError("%s: %r is not a host name (letters, digits, '.', '-' and '_', not "
+                        "starting with '-' or '.')." % (where, name))
+    if colon and not slots:
+        raise TmpiError("%s: %r has no number of ranks after the colon: write %s:RANKS "
+                        "(e.g. %s:4), or %s alone for one rank." % (where, word, name, name,
+                                                                    name))
+    return Host(name, _slots(slots or "1", where))
+
+
+#: A host name or address as MPI launchers and ``ssh`` take it.
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 def read_hostfile(path):
@@ -60,15 +80,15 @@ def read_hostfile(path):
         if not words:
             continue
         where = "--hostfile %s line %d" % (path, number)
-        name, _, slots = words[0].partition(":")
+        host = _host(words[0], where)
         for word in words[1:]:
-            key, _, value = word.partition("=")
-            if key in ("slots", "cpu", "cpus"):
-                slots = value
-            elif key not in ("max_slots", "max-slots"):
+            key, equals, value = word.partition("=")
+            if key in ("slots", "cpu", "cpus") and equals and ":" not in words[0]:
+                host.slots = _slots(value, where)
+            elif key not in ("max_slots", "max-slots") or not equals:
                 raise TmpiError("%s: %r is neither MPICH's NAME:RANKS nor Open MPI's "
                                 "NAME slots=RANKS." % (where, line.strip()))
-        hosts.append(Host(name, _slots(slots or "1", where)))
+        hosts.append(host)
     if not hosts:
         raise TmpiError("--hostfile %s names no host: write one host a line, NAME:RANKS "
                         "(MPICH) or NAME slots=RANKS (Open MPI)." % path)
@@ -150,6 +170,10 @@ class HostSet:
             args += ["-launcher-exec", self.launcher_exec]
         return args
 
+    def command_name(self):
+        """The program that enters a host, as a user would type it."""
+        return os.path.basename(self.launcher_exec or self.launcher)
+
     def probe(self, host):
         """``None`` when ``host`` answers the launcher's command, else why not."""
         program = self.launcher_exec or self.launcher
@@ -170,10 +194,26 @@ class HostSet:
                                                   (": " + said[-1]) if said else "")
         return None
 
+    def unreachable(self):
+        """``[(host, why)]`` of the hosts that do not answer :meth:`probe`,
+        all asked at once (within :data:`PROBE_TIMEOUT`)."""
+        answers = {}
+
+        def ask(host):
+            answers[host.name] = self.probe(host)
+        threads = [threading.Thread(target=ask, args=(host,), daemon=True)
+                   for host in self.hosts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(PROBE_TIMEOUT + 5)
+        return [(host, answers.get(host.name) or "no answer within %.0f s" % PROBE_TIMEOUT)
+                for host in self.hosts if answers.get(host.name, "") is not None]
+
     def drop_unreachable(self):
         """Probe every host; drop those that do not answer.  Returns
         ``[(host, why)]`` of the dropped."""
-        gone = [(host, why) for host, why in ((h, self.probe(h)) for h in self.hosts) if why]
+        gone = self.unreachable()
         for host, _ in gone:
             self.hosts.remove(host)
             self.dropped.append(host)

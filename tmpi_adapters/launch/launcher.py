@@ -296,7 +296,7 @@ def start_job(target, script_args, options, n, mpiexec=None, mpiexec_args=(),
             raise TmpiError("could not start %s: %s. Check --mpiexec, or install the "
                             "mpich wheel (pip install mpich)." % (command[0], exc))
         watch = JobWatch(process, directory, n, relay=relay, preemption=stop,
-                         channel=channel).start()
+                         channel=channel, hosts=hosts).start()
         watch.wait()
         return watch
 

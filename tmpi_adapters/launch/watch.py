@@ -85,8 +85,10 @@ class JobWatch(MpiexecOutput):
     """
 
     def __init__(self, process, directory, n, poll=0.25, relay=None, preemption=None,
-                 channel=None):
+                 channel=None, hosts=None):
         self.process = process
+        #: The :class:`~tmpi_adapters.launch.hosts.HostSet` of ``--hosts``, or ``None``.
+        self.hosts = hosts
         #: The :class:`~tmpi_adapters.process.channel.ChannelServer` of ranks
         #: on other machines (``--hosts``), or ``None``.
         self.channel = channel
@@ -376,7 +378,16 @@ class JobWatch(MpiexecOutput):
                                     ", ".join(str(ranks[r].pid) for r in ended), where,
                                     self._tail(ended[0])))
                 code = 1
-        if self.hydra_trace and (not messages or not ranks) and code != 0:
+        unreachable = self._unreachable() if not messages and not failed and not exits \
+            and code > 0 else []
+        if unreachable:
+            self.failure = "; ".join("host %s cannot be reached (%s)" % (host.name, why)
+                                     for host, why in unreachable)
+            messages.append("tmpi: the ranks could not be started: %s. Check the host names "
+                            "(--hosts, --hostfile) and that `%s HOST true` works from here "
+                            "without a password." % (self.failure, self.hosts.command_name()))
+            code = 2
+        elif self.hydra_trace and (not messages or not ranks) and code != 0:
             sys.stderr.buffer.write(b"".join(self.hydra_trace))
             sys.stderr.flush()
         if not messages and not ranks and code != 0:
@@ -385,6 +396,7 @@ class JobWatch(MpiexecOutput):
             messages.append("tmpi: %s; see its output above. Check --mpiexec and "
                             "--mpiexec-arg, or run the script with -n 1 to see it "
                             "start." % self.failure)
+            code = 2  # the launcher's own status (hydra's 255) is none of tmpi's
         if not messages and not failed and any(exits.values()):
             # The script's own status (mpiexec would OR those of the ranks).
             code = [exits[r] for r in sorted(exits) if exits[r]][0]
@@ -413,6 +425,14 @@ class JobWatch(MpiexecOutput):
             sys.stderr.write("\n".join(messages) + "\n")
             sys.stderr.flush()
         return code
+
+    def _unreachable(self):
+        """``[(host, why)]`` of the job's hosts (``--hosts``) that do not
+        answer the launcher's command, when the job failed without a word
+        from its ranks: hydra ends a job whose proxy could not start."""
+        if self.hosts is None:
+            return []
+        return self.hosts.unreachable()
 
     def _ended_elsewhere(self, ranks):
         """The ranks of another host that ended first without a word (the

@@ -20,7 +20,7 @@ TMPI_ONLY = {"--framework", "--rule", "--rule-option", "--scaling", "--lr-scalin
              "--oversubscribe", "--mpiexec", "--mpiexec-arg", "--checkpoint-dir",
              "--checkpoint-every", "--checkpoint-keep", "--resume", "--allow-new-arguments",
              "--nonfinite", "--max-restarts", "--min-ranks", "--record", "--progress",
-             "--no-summary"}
+             "--no-summary", "--require-device"}
 
 
 def wrap_commands():

@@ -44,3 +44,10 @@ class LockstepError(TmpiError):
     function, call, batch size or phase): their exchange cannot be trusted."""
 
     exit_code = 7
+
+
+class DeviceError(TmpiError):
+    """``--require-device``: a device ``THEANO_FLAGS`` names that Theano
+    could not open on some rank (it would compute on the CPU)."""
+
+    exit_code = 8

@@ -39,6 +39,7 @@ BUILTIN_PLUGINS = (
     "tmpi_adapters.frameworks.theanompi",
     "tmpi_adapters.core.function",
     "tmpi_adapters.reliability.plugin",
+    "tmpi_adapters.reliability.device",
     "tmpi_adapters.recording",
     "tmpi_adapters.bench",
     "tmpi_adapters.launch.cli",

@@ -18,8 +18,17 @@ Theano's GPU backend takes its device from ``THEANO_FLAGS`` (``device=cuda``,
 Nothing here imports Theano.  :func:`describe` names the device a rank ended
 up with, for the end-of-run summary; :func:`is_device_array` and
 :func:`is_device_type` tell device values and variables from host ones.
+
+A device asked for that Theano could not open is never silent: Theano logs
+one ``ERROR (theano.gpuarray)`` and computes on the CPU.  :func:`choose`
+keeps Theano's words (:func:`watch_theano`), :func:`opened` tells each rank
+what it asked for, what it got and why (the reliability plugin's device
+check gathers them and speaks for the job), and :func:`fallback_line` says
+it in one line.
 """
+import logging
 import os
+import sys
 
 #: Where launchers say which rank of its host a process is.
 _LOCAL_RANK_ENV = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK",
@@ -92,6 +101,8 @@ def choose(rank, threads=None, environ=None):
     """Set this rank's device in ``environ`` (``os.environ``) before Theano is
     imported; ``threads``: the rank's share of the cores, if tmpi chose one."""
     environ = os.environ if environ is None else environ
+    if environ is os.environ:
+        watch_theano()
     listed = [d.strip() for d in environ.get(DEVICES_ENV, "").split(",") if d.strip()]
     device = device_flag(environ.get("THEANO_FLAGS"))
     if device is None and rank < len(listed) and (
@@ -129,7 +140,6 @@ def is_device_type(theano_type):
 def describe():
     """The device Theano computes on in this process (``"cpu"``, or
     ``"cuda0 (NVIDIA H100 80GB HBM3)"``), once Theano is imported."""
-    import sys
     theano = sys.modules.get("theano")
     if theano is None:
         return None
@@ -142,3 +152,139 @@ def describe():
         return "%s (%s)" % (device, get_context(None).devname.strip())
     except Exception:  # noqa: BLE001 - the flag alone still says where
         return device
+
+
+# -- a device asked for and not opened --------------------------------------------
+
+#: The devices Theano's GPU backend opens (``device=cuda``, ``cuda1``, ``opencl0:0``).
+DEVICE_PREFIXES = ("cuda", "opencl")
+
+#: The run's ``warning`` record when ranks that asked for a device compute
+#: on the CPU (set by the device check as the session starts, on rank 0;
+#: ``--record`` writes it after its header), else ``None``.
+notice = None
+
+
+class _TheanoWords(logging.Handler):
+    """Keeps the last error Theano's GPU backend logged (with its exception)."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.text = None
+
+    def emit(self, record):
+        text = record.getMessage()
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            text = "%s (%s)" % (text, _exception_text(error))
+        self.text = text
+
+
+_theano_words = _TheanoWords()
+
+
+def watch_theano():
+    """Keep what Theano's GPU backend logs when it cannot open its device
+    (call before Theano is imported; Theano still prints it as before)."""
+    logger = logging.getLogger("theano.gpuarray")
+    if _theano_words not in logger.handlers:
+        logger.addHandler(_theano_words)
+
+
+def _exception_text(error):
+    """``Type: message``, with pygpu's bytes messages as text."""
+    message = error.args[0] if len(error.args) == 1 else str(error)
+    if isinstance(message, bytes):
+        message = message.decode("utf-8", "replace")
+    return "%s: %s" % (type(error).__name__, str(message).strip())
+
+
+def asked():
+    """The device Theano was asked for (``cuda0``, ``opencl0:0``; ``device=cuda``
+    is a numbered one by now), or ``None``: none, or Theano not imported."""
+    theano = sys.modules.get("theano")
+    device = str(theano.config.device) if theano is not None else ""
+    return device if device.startswith(DEVICE_PREFIXES) else None
+
+
+def why_not_opened():
+    """Theano's reason for computing on the CPU although a device was asked
+    for: pygpu missing (the import's error), or what its GPU backend logged
+    when it could not open the device (no CUDA driver, pygpu too old, ...)."""
+    gpuarray = sys.modules.get("theano.gpuarray")
+    if gpuarray is not None and getattr(gpuarray, "pygpu", None) is None:
+        try:
+            import pygpu  # noqa: F401 - only its error is wanted
+        except Exception as error:  # noqa: BLE001 - any failure is the reason
+            return "pygpu could not be imported (%s)" % _exception_text(error)
+    text = _theano_words.text
+    if text is None and asked():
+        # Theano was imported before tmpi could listen (the decorator's script
+        # imports it first): ask pygpu itself.
+        try:
+            import pygpu
+            pygpu.init(asked())
+        except Exception as error:  # noqa: BLE001 - any failure is the reason
+            text = "pygpu could not open %s (%s)" % (asked(), _exception_text(error))
+    if text is None:
+        return "Theano's GPU backend gave no reason here: see its ERROR (theano.gpuarray) above"
+    return ("no CUDA driver here: " if "libcuda.so" in text else "") + text
+
+
+def opened():
+    """``(asked, got, why)`` of this process, once Theano is imported: the
+    device asked for (``None``: none), the device Theano computes on
+    (:func:`describe`) and, where a device was asked for and Theano computes
+    on the CPU, why (:func:`why_not_opened`), else ``None``."""
+    device = asked()
+    got = describe() or "cpu"
+    why = why_not_opened() if device is not None and got == "cpu" else None
+    return device, got, why
+
+
+def fallback_ranks(found):
+    """The ranks that asked for a device and compute on the CPU, of
+    ``found``: every rank's :func:`opened`, in rank order."""
+    return [rank for rank, (device, got, _) in enumerate(found)
+            if device is not None and got == "cpu"]
+
+
+def fallback_line(found, required=False):
+    """One line on ranks that asked for a device and compute on the CPU
+    (``found``: every rank's :func:`opened`); ``None`` where every rank got
+    its device.
+
+    ``required`` (``--require-device``): the words of the error, else those
+    of the warning printed before the first step.
+    """
+    cpu = fallback_ranks(found)
+    if not cpu:
+        return None
+    size = len(found)
+    devices = " and ".join(dict.fromkeys(found[r][0] for r in cpu))
+    if size == 1:
+        where = ("", ": the run computes on the CPU")
+    elif len(cpu) == size:
+        where = (" on any of the %d ranks" % size, ": all %d ranks compute on the CPU" % size)
+    else:
+        others = ", ".join(dict.fromkeys(got for _, got, _ in found if got != "cpu"))
+        ranks = "rank%s %s of %d" % ("s" if len(cpu) > 1 else "", _ranks(cpu), size)
+        where = (" on " + ranks, ": %s compute%s on the CPU (the others on %s)" % (
+            ranks, "" if len(cpu) > 1 else "s", others))
+    reasons = list(dict.fromkeys(found[r][2] for r in cpu))
+    why = reasons[0] if len(reasons) == 1 else "; ".join(
+        "rank %s: %s" % (_ranks([r for r in cpu if found[r][2] == reason]), reason)
+        for reason in reasons)
+    if required:
+        return ("THEANO_FLAGS asks for device=%s (--require-device), but Theano opened no "
+                "device%s. Theano's reason: %s. Set up Theano's GPU backend with `make gpu` "
+                "(docs/gpu.md), or leave out --require-device to train on the CPU."
+                % (devices, where[0], why.rstrip(".")))
+    return ("warning: THEANO_FLAGS asks for device=%s, but Theano opened no device%s. "
+            "Theano's reason: %s. `make gpu` sets up Theano's GPU backend (docs/gpu.md); "
+            "--require-device makes this an error." % (devices, where[1], why.rstrip(".")))
+
+
+def _ranks(ranks):
+    return ", ".join(map(str, ranks[:-1])) + (" and " if len(ranks) > 1 else "") + \
+        str(ranks[-1])

@@ -11,6 +11,7 @@ import threading
 import time
 
 from tmpi_adapters.pluginmanager import hookimpl
+from tmpi_adapters.process import devices
 from tmpi_adapters.recording.runlog import RunLog
 from tmpi_adapters.version import __version__
 
@@ -106,6 +107,8 @@ class RecordedRun:
                 "bucket_bytes": options.bucket_bytes, "scaling": options.scaling,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             })
+            if devices.notice is not None:  # ranks on the CPU that asked for a device
+                self.log.write(devices.notice)
 
     @hookimpl
     def tmpi_after_step(self, session, model, step, samples):

@@ -1,9 +1,10 @@
 """``--record`` files: one JSON object per line, written on rank 0.
 
-A ``run`` header, one ``step`` per training step (the time split of
-:mod:`tmpi_adapters.core.timing`, the training function's scalar outputs),
-the steps' waits measured at the end, and a closing ``summary``; ``tmpi
-plot`` draws them.
+A ``run`` header, a ``warning`` where ranks that asked for a device compute
+on the CPU (:mod:`tmpi_adapters.reliability.device`), one ``step`` per
+training step (the time split of :mod:`tmpi_adapters.core.timing`, the
+training function's scalar outputs), the steps' waits measured at the end,
+and a closing ``summary``; ``tmpi plot`` draws them.
 """
 import json
 import os

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import check, tmpi
+from conftest import check, rank_env, tmpi
 from tmpi_adapters.bench import command
+from tmpi_adapters.process import devices
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,3 +153,38 @@ def test_bench_names_an_unknown_part():
     result = tmpi("bench", "--parts", "exchange,nonsense")
     assert result.returncode != 0 and "nonsense" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def cuda0_without_cuda():
+    """``THEANO_FLAGS`` naming CUDA GPU 0 where none can open (else a skip)."""
+    if devices.has_cuda():
+        pytest.skip("a CUDA GPU is here: device=cuda0 opens")
+    return "device=cuda0"
+
+
+def test_the_device_part_never_measures_the_cpu_for_a_device(tmp_path):
+    env = rank_env("float32")
+    env["THEANO_FLAGS"] += "," + cuda0_without_cuda()
+    out = tmp_path / "bench.json"
+    result = tmpi("bench", "--parts", "device", "--quick", "--no-progress", "--json", out,
+                  env=env)
+    assert result.returncode == 8, result.stderr
+    assert result.stderr.startswith(
+        "tmpi: error: tmpi bench: the device part measures no device here: THEANO_FLAGS asks "
+        "for device=cuda0, but Theano opened no device, so the device part would measure the "
+        "CPU. Theano's reason: "), result.stderr
+    assert "make gpu" in result.stderr and not out.exists()
+    result = tmpi("bench", "--parts", "device", "--no-progress", env=rank_env("float32"))
+    assert result.returncode == 8 and "THEANO_FLAGS names no device" in result.stderr
+
+
+def test_a_run_of_every_part_leaves_out_a_device_theano_cannot_open(monkeypatch):
+    monkeypatch.setenv("THEANO_FLAGS", cuda0_without_cuda())
+    results = {}
+    parts = command.take_device_part(results, list(command.PARTS), named=False)
+    assert parts == [p for p in command.PARTS if p != "device"]
+    assert results["device"]["skipped"].startswith("THEANO_FLAGS asks for device=cuda0, but "
+                                                   "Theano opened no device")
+    top = command.headline(results, 2)
+    assert not [k for k in list(top) + list(command.bars(results, top)) if "device" in k]
+    assert "device: skipped: THEANO_FLAGS asks for device=cuda0" in command.format_table(results)

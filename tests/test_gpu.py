@@ -6,7 +6,8 @@ the very types and graphs a CUDA GPU gets (``GpuArraySharedVariable``
 parameters, ``GpuArrayVariable`` gradients, ``GpuFromHost``/``HostFromGpu``),
 and float64, so N ranks compare with one tightly.  Where no device is set up
 they skip, naming ``make gpu``.  ``TMPI_TEST_DEVICE`` picks another device
-(``cuda0`` on a GPU machine); the OpenCL flags ``make gpu`` wrote are the
+(``cuda0`` on a GPU machine, as ``tools/gpu-check.sh`` runs them; an OpenCL
+device gets the flags ``make gpu`` wrote for it); those OpenCL flags are the
 default.
 
 The choice of each rank's device is plain Python and runs everywhere.
@@ -15,14 +16,16 @@ import functools
 import importlib.util
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import (EXAMPLES, SCRIPTS, TMPI, assert_close, check, final_numbers, rank_env,
-                      run, tmpi)
+from conftest import (EXAMPLES, ROOT, SCRIPTS, TMPI, assert_close, check, final_numbers,
+                      rank_env, run, tmpi)
 from tmpi_adapters.process import devices
 
 OPENCL_FLAGS = Path(sys.prefix) / "opencl-theano-flags"
@@ -33,7 +36,10 @@ HAVE_BLOCKS = all(importlib.util.find_spec(m) is not None for m in ("blocks", "f
 def device_flags():
     """``(THEANO_FLAGS for the device, None)``, or ``(None, why not)``."""
     chosen = os.environ.get("TMPI_TEST_DEVICE")
-    if chosen:
+    if chosen and chosen.startswith("opencl") and OPENCL_FLAGS.is_file():
+        # The flags `make gpu` wrote keep the ops pocl cannot run on the host.
+        flags = devices.with_device(OPENCL_FLAGS.read_text().strip(), chosen)
+    elif chosen:
         flags = "device=" + chosen
     elif OPENCL_FLAGS.is_file():
         flags = OPENCL_FLAGS.read_text().strip()
@@ -95,8 +101,8 @@ def mlp_one_rank():
 @pytest.mark.parametrize("n", [2, 3])
 def test_numpy_batches_on_the_device_match_one_rank(mlp_one_rank, n, tmp_path):
     record = tmp_path / "run.jsonl"
-    result = wrap(n, "--record", record, EXAMPLES / "theano_mlp" / "train.py",
-                  "--epochs", "2", "--seed", "4")
+    result = wrap(n, "--record", record, "--require-device",
+                  EXAMPLES / "theano_mlp" / "train.py", "--epochs", "2", "--seed", "4")
     same(result, mlp_one_rank, ("val_loss", "param_norms"))
     distributed_on_the_device(result, n)
     summary = [json.loads(line) for line in record.read_text().splitlines()][-1]
@@ -220,6 +226,111 @@ def test_staging_moves_device_arrays_in_one_fused_copy_each_way():
     assert again[0].base_data == back[0].base_data == back[2].base_data
     fresh = staging.to_device(results, contexts, fresh=True)
     assert fresh[0].base_data != back[0].base_data
+
+
+# ------------------------------------------------------------------ a device not opened
+
+def cuda_flags_without_cuda():
+    """``THEANO_FLAGS`` naming CUDA GPU 0, where no CUDA GPU can open (else a skip)."""
+    if devices.has_cuda():
+        pytest.skip("a CUDA GPU is here: device=cuda0 opens")
+    env = rank_env("float64")
+    env["THEANO_FLAGS"] += ",device=cuda0"
+    return env
+
+
+@pytest.mark.mpi
+def test_a_device_theano_cannot_open_is_named_before_the_first_step(tmp_path):
+    record = tmp_path / "run.jsonl"
+    result = check(tmpi("wrap", "-n", "2", "--record", record,
+                        EXAMPLES / "theano_mlp" / "train.py", "--epochs", "1",
+                        env=cuda_flags_without_cuda()))
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tmpi: ")]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("tmpi: warning: THEANO_FLAGS asks for device=cuda0, but Theano "
+                               "opened no device: all 2 ranks compute on the CPU. Theano's "
+                               "reason: "), lines
+    assert "`make gpu`" in lines[0] and "--require-device" in lines[0]
+    # Theano's own reason: pygpu missing, or (with pygpu) no CUDA driver.
+    assert "pygpu could not be imported" in lines[0] or "libcuda.so" in lines[0], lines[0]
+    records = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [r["type"] for r in records[:3]] == ["run", "warning", "step"]
+    assert records[1]["text"] == lines[0] and records[1]["ranks_on_cpu"] == [0, 1]
+    assert records[1]["asked"] == ["cuda0", "cuda0"] and records[1]["devices"] == ["cpu"] * 2
+    assert records[-1]["devices"] == ["cpu", "cpu"]
+
+
+@pytest.mark.mpi
+def test_require_device_stops_before_the_script_trains_with_status_8():
+    result = tmpi("wrap", "-n", "2", "--require-device", EXAMPLES / "theano_mlp" / "train.py",
+                  "--epochs", "1", env=cuda_flags_without_cuda())
+    assert result.returncode == 8, result.stderr
+    assert "epoch" not in result.stdout
+    line = [x for x in result.stderr.splitlines() if x.startswith("tmpi: ")]
+    assert len(line) == 1 and line[0].startswith(
+        "tmpi: error (rank 0): THEANO_FLAGS asks for device=cuda0 (--require-device), but "
+        "Theano opened no device on any of the 2 ranks. Theano's reason: "), result.stderr
+
+
+def test_require_device_without_a_device_named_is_an_error():
+    result = tmpi("wrap", "--require-device", EXAMPLES / "theano_mlp" / "train.py",
+                  "--epochs", "1", env=rank_env("float64"))
+    assert result.returncode == 8 and "epoch" not in result.stdout
+    assert "tmpi: error: --require-device, but THEANO_FLAGS names no device" in result.stderr
+
+
+def test_the_line_names_the_ranks_on_the_cpu_and_each_reason():
+    found = [("cuda0", "cuda0 (NVIDIA H100)", None), ("cuda1", "cpu", "no CUDA driver"),
+             ("cuda0", "cuda0 (NVIDIA H100)", None), ("cuda1", "cpu", "pygpu too old")]
+    assert devices.fallback_ranks(found) == [1, 3]
+    assert devices.fallback_line(found) == (
+        "warning: THEANO_FLAGS asks for device=cuda1, but Theano opened no device: ranks 1 "
+        "and 3 of 4 compute on the CPU (the others on cuda0 (NVIDIA H100)). Theano's reason: "
+        "rank 1: no CUDA driver; rank 3: pygpu too old. `make gpu` sets up Theano's GPU "
+        "backend (docs/gpu.md); --require-device makes this an error.")
+    assert "no device on ranks 1 and 3 of 4." in devices.fallback_line(found, required=True)
+    one = [("opencl0:0", "cpu", "pygpu could not be imported.")]
+    assert devices.fallback_line(one).startswith(
+        "warning: THEANO_FLAGS asks for device=opencl0:0, but Theano opened no device: the run "
+        "computes on the CPU. Theano's reason: pygpu could not be imported. ")
+    assert devices.fallback_line([("cuda0", "cuda0 (NVIDIA H100)", None)]) is None
+
+
+# ------------------------------------------------------------------ the device benchmark
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_the_device_benchmark_cut_short_writes_what_it_measured(tmp_path):
+    """SIGTERM as its first timed job ends: the job then starting is stopped,
+    the run so far written, not judged."""
+    out = tmp_path / "bench.json"
+    process = subprocess.Popen(
+        [str(TMPI), "bench", "--parts", "device", "--quick", "--no-progress",
+         "--device-batch-size", "8", "--steps", "2", "--json", str(out)],
+        env=device_env(), cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("device: round 1/2, plain: "):
+                process.send_signal(signal.SIGTERM)
+                break
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    stdout = "".join(lines) + stdout
+    assert process.returncode == 143, "exit %s\n%s\n%s" % (process.returncode, stdout, stderr)
+    assert stdout.startswith("device: the conv net compiled (plain and 2 ranks"), stdout
+    assert "results written to %s (interrupted by SIGTERM in the device part" % out in stdout
+    data = json.loads(out.read_text())
+    assert data["stopped"].startswith("interrupted by SIGTERM in the device part after ")
+    found = data["device"]
+    assert found["partial"] and [r["variant"] for r in found["runs"]] == ["plain"]
+    assert found["compile_s"] > 0 and found["step_median_s"]["plain"] > 0
+    assert "overhead_1_rank" not in found        # no pair of runs: no ratio
+    assert not [k for k in list(data["headline"]) + list(data["bars"]) if "device" in k]
 
 
 # ------------------------------------------------------------------ device choice

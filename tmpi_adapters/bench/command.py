@@ -38,26 +38,36 @@ device
     the conv net on the device ``THEANO_FLAGS`` names (a GPU, or the OpenCL
     device on the CPU): ``tmpi wrap -n 1`` against the plain script, and 2
     ranks sharing the device against 2 independent half-batch processes
-    (:mod:`.device`); skipped, saying so, without a device.
+    (:mod:`.device`).  Where no device is named, or Theano cannot open the
+    one named (it would compute on the CPU), the device part measures and
+    judges nothing: ``--parts device`` stops with status 8, saying why; a
+    run of every part leaves it out, with the reason in its results.
 
 Every comparison interleaves its cases so that a shared, noisy machine slows
 all of them alike.  The results print as a table and, with ``--json``, land
 in one file: each part's results under its name, the headline figures at
 the top level (and under ``headline``) and ``bars``: every bar of the
 design with its ``value``, its ``bar`` and whether it is ``met``.
+
+Interrupted (Ctrl-C, SIGTERM, SIGHUP) or stopped by an error, the benchmark
+stops the process it is running and still prints and writes what it has:
+the parts done, and what the part it was in had measured (``partial``; the
+device part's runs and the figures they make), with ``stopped`` saying how
+it ended; the figures of a part cut short are not judged against the bars.
+It then exits 128 + the signal's number (130, 143), or with the error.
 """
 import argparse
 import json
 import math
 import os
 import shlex
-import statistics
 import sys
 import tempfile
 import time
 
 from tmpi_adapters.bench import runs
-from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.bench.tables import format_table
+from tmpi_adapters.errors import DeviceError, TmpiError
 
 #: The parts of a run, in the order they run.
 PARTS = ("exchange", "overhead", "scaling", "processes", "collectives", "envelopes", "network",
@@ -108,7 +118,7 @@ BARS = {
 
 # -- the parts ------------------------------------------------------------------------
 
-def part_exchange(args, values, workdir, tick):
+def part_exchange(args, values, workdir, tick, found):
     out = os.path.join(workdir, "exchange.json")
     command = [runs.mpiexec(), "-n", str(args.ranks), runs.python(), "-m",
                "tmpi_adapters.bench.exchange", "--json", out, "--width", str(values["width"]),
@@ -120,13 +130,13 @@ def part_exchange(args, values, workdir, tick):
     return runs.read_json(out)
 
 
-def part_overhead(args, values, workdir, tick):
+def part_overhead(args, values, workdir, tick, found):
     from tmpi_adapters.bench import overhead
     return overhead.measure(list(overhead.MODELS), values["rounds"], values["scale"],
                             tick=tick)
 
 
-def part_scaling(args, values, workdir, tick):
+def part_scaling(args, values, workdir, tick, found):
     out = os.path.join(workdir, "scaling.json")
     runs.run([runs.mpiexec(), "-n", str(args.ranks), runs.python(), "-m",
               "tmpi_adapters.bench.scaling", "--json", out, "--batch-size",
@@ -135,7 +145,7 @@ def part_scaling(args, values, workdir, tick):
     return runs.read_json(out)
 
 
-def part_processes(args, values, workdir, tick):
+def part_processes(args, values, workdir, tick, found):
     from tmpi_adapters.bench import processes
     return {"convnet": processes.convnet(workdir, args.ranks, args.batch_size, values["steps"],
                                          values["rounds"], tick),
@@ -143,19 +153,19 @@ def part_processes(args, values, workdir, tick):
                                           values["tiny_rows"], values["rounds"], tick)}
 
 
-def part_collectives(args, values, workdir, tick):
+def part_collectives(args, values, workdir, tick, found):
     from tmpi_adapters.bench import collectives
     frameworks = _names(args.frameworks, collectives.FRAMEWORKS, "--frameworks")
     return collectives.count(workdir, frameworks, args.ranks, tick)
 
 
-def part_envelopes(args, values, workdir, tick):
+def part_envelopes(args, values, workdir, tick, found):
     from tmpi_adapters.bench import envelopes
     return envelopes.measure(args.ranks, list(envelopes.MODELS), values["rounds"],
                              values["scale"], tick)
 
 
-def part_network(args, values, workdir, tick):
+def part_network(args, values, workdir, tick, found):
     from tmpi_adapters.bench import remote
     result = remote.measure(workdir, remote.parse_links(values["links"]),
                             args.network_batch_size, values["network_steps"],
@@ -166,16 +176,16 @@ def part_network(args, values, workdir, tick):
     return result
 
 
-def part_spread(args, values, workdir, tick):
+def part_spread(args, values, workdir, tick, found):
     from tmpi_adapters.bench import spread
     return spread.measure(args.ranks, values["spread_runs"], values["spread_steps"],
                           values["rounds"], values["steps"], tick)
 
 
-def part_device(args, values, workdir, tick):
+def part_device(args, values, workdir, tick, found):
     from tmpi_adapters.bench import device
     return device.measure(workdir, args.device_batch_size, values["steps"], values["rounds"],
-                          tick)
+                          tick, found)
 
 
 PART_RUNNERS = {name: globals()["part_" + name] for name in PARTS}
@@ -233,7 +243,7 @@ def headline(results, ranks):
         for model, cost in found["binding_cost"].items():
             top["binding_cost_" + model] = cost["bound_over_unbound"]
     device = results.get("device")
-    if device and "skipped" not in device:
+    if device and "skipped" not in device and "partial" not in device:
         top["device_overhead_1_rank"] = device["overhead_1_rank"]
         top["device_two_ranks_over_independent"] = device["two_ranks_over_independent"]
         top["device_two_ranks_over_one_process"] = device["two_ranks_over_one_process"]
@@ -274,195 +284,6 @@ def bars(results, top):
                           "what": what, "issue": issue,
                           "note": "not measured: %s" % results["network"]["skipped"]}
     return found
-
-
-# -- the table ------------------------------------------------------------------------------
-
-def _ms(seconds):
-    return "%.1f ms" % (seconds * 1e3)
-
-
-def _table(rows, header):
-    return ["", "| %s |" % " | ".join(header),
-            "|%s|" % "|".join(["---"] + ["---:"] * (len(header) - 1))] + rows
-
-
-def _exchange_rows(exchange):
-    median, floor = exchange["median_s"], exchange["ring_floor_s"]
-    rows = []
-    for label, key, fmt in (
-            ("raw mpi4py Allreduce, one flat buffer", "raw_allreduce", "fp32"),
-            ("raw Allreduce, MPI.IN_PLACE", "raw_allreduce_in_place", "fp32"),
-            ("tmpi fused exchange, fp32", "fused", "fp32"),
-            ("tmpi fused, MPI's Allreduce for buckets", "fused_mpi_algorithm", "fp32"),
-            ("tmpi fused, results copied out", "fused_copy_out", "fp32"),
-            ("one Allreduce per parameter", "per_parameter", "fp32"),
-            ("tmpi fused exchange, fp16 transfer", "fused_fp16", "fp16"),
-            ("tmpi fused exchange, bf16 transfer", "fused_bf16", "bf16"),
-            ("torch.distributed all_reduce (gloo)", "torch_gloo", "fp32")):
-        if key in median:
-            rows.append("| %s | %s | %.2f | %s |" % (label, _ms(median[key]),
-                                                     median[key] / median["raw_allreduce"],
-                                                     _ms(floor[fmt])))
-    if isinstance(exchange.get("torch"), dict):
-        rows.append("| torch.distributed (gloo) | skipped: %s | | |"
-                    % exchange["torch"]["skipped"])
-    return _table(rows, ["exchange of %.0f MB (%d arrays) on %d ranks" % (
-        exchange["bytes"] / 1e6, exchange["arrays"], exchange["ranks"]), "median", "vs raw",
-        "ring floor"])
-
-
-def _overhead_rows(overhead):
-    rows = ["| %s | %s | %s | %+.1f%% (%+.1f%% .. %+.1f%%) | %s |" % (
-        model, _ms(f["plain_median_s"]), _ms(f["wrapped_median_s"]), 100 * f["overhead"],
-        100 * f["overhead_range"][0], 100 * f["overhead_range"][1],
-        "%+.1f%%" % (100 * f["fastest_step_overhead"]) if "fastest_step_overhead" in f else "")
-        for model, f in overhead["models"].items()]
-    return _table(rows, ["1 rank, separate processes (%d rounds)" % overhead["rounds"],
-                         "plain step", "tmpi wrap -n 1 step", "overhead (range)",
-                         "fastest steps"])
-
-
-def _scaling_rows(scaling):
-    n, batch, steps = str(scaling["ranks"]), scaling["batch_size_per_rank"], \
-        scaling["step_median_s"]
-    split = scaling["split_s"]
-    rows = []
-    for key, label, ranks in (
-            ("1", "1 rank, plain (taking turns with the others)", 1),
-            ("independent", "%s ranks, plain, nothing exchanged (the ceiling)" % n, int(n)),
-            (n, "tmpi BSP, %s ranks" % n, int(n))):
-        per = " / ".join("%.1f" % (split[p] * 1e3) for p in ("compute_s", "comm_s", "wait_s")) \
-            if key == n else ""
-        rows.append("| %s | %s | %.0f | %s |" % (label, _ms(steps[key]),
-                                                 ranks * batch / steps[key], per))
-    return _table(rows, ["conv net, %d samples/rank, in one job" % batch, "step", "samples/s",
-                         "compute / comm / wait ms"])
-
-
-def _processes_rows(processes):
-    convnet, tiny = processes["convnet"], processes["tiny"]
-    n = convnet["ranks"]
-    labels = {"plain_1_thread": "plain script, 1 BLAS thread",
-              "plain_default_threads": "plain script, default threads (user's baseline)",
-              "wrapped": "tmpi wrap -n %d, 1 thread per rank" % n}
-    rows = []
-    for variant, label in labels.items():
-        rows.append("| %s | %s | %s |" % (label, _ms(convnet["step_median_s"][variant]),
-                                          _ms(tiny["epoch_median_s"][variant])))
-    rows.append("| tmpi speed-up vs 1 thread / vs user's baseline | %.2f / %.2f | %.2f / %.2f |"
-                % (convnet["speedup_vs_1_thread"], convnet["speedup_vs_default_threads"],
-                   tiny["speedup_vs_1_thread"], tiny["speedup_vs_default_threads"]))
-    return _table(rows, ["separate jobs (%d rounds)" % convnet["rounds"],
-                         "conv net step (%d samples/rank)" % convnet["batch_size_per_rank"],
-                         "tiny MLP epoch (%d rows, batch %d)" % (tiny["rows"],
-                                                                 tiny["batch_size"])])
-
-
-def _collectives_rows(collectives):
-    rows = []
-    for framework, found in collectives.items():
-        counts = found["collectives_per_step"]
-        rows.append("| %s | %s | %d | %s |" % (
-            framework, found["script"], found["steps"],
-            "%d .. %d" % (counts["min"], counts["max"]) if counts else "no steps"))
-    return _table(rows, ["framework", "script (tmpi wrap -n %d --record)" % next(
-        iter(collectives.values()))["ranks"], "steps", "collectives per step"])
-
-
-def _envelopes_rows(envelopes):
-    rows = ["| %s, %d ranks | %s | %s | %+.1f%% (%+.1f%% .. %+.1f%%) |" % (
-        model, f["ranks"], _ms(f["step_median_s"]["envelopes"]),
-        _ms(f["step_median_s"]["no_envelopes"]), 100 * f["cost"], 100 * f["cost_range"][0],
-        100 * f["cost_range"][1]) for model, f in envelopes.items()]
-    return _table(rows, ["lockstep envelopes, separate jobs", "step",
-                         "step, TMPI_ENVELOPES=0", "cost (range)"])
-
-
-def _network_rows(network):
-    if "skipped" in network:
-        return ["", "network: skipped: %s" % network["skipped"]]
-    rows = []
-    overlap = "bsp_overlap" in network.get("variants", ())
-    for name, link in network["links"].items():
-        training = link["training"]
-        rows.append("| %s | %.2f%s | %s / %s | %.2f | %.2f | %.2f |%s" % (
-            name, link["fidelity"], "" if link["trusted"] else " (not trusted)",
-            _ms(link["exchange"]["median_s"]["fused"]),
-            _ms(link["exchange"]["median_s"]["fused_fp16"]), link["fp16_over_fp32"],
-            link["exchange_over_ring_floor"], training["speedup_bsp"],
-            " %.2f |" % training["speedup_bsp_overlap"] if overlap else ""))
-    lines = _table(rows, ["link (2 ranks, wide conv net)", "ring step / rate's",
-                          "exchange fp32 / fp16", "fp16/fp32", "fp32 / ring floor",
-                          "BSP speed-up"] + (["BSP --overlap speed-up"] if overlap else []))
-    if "overlap" in network:
-        lines.append("overlap: %s" % network["overlap"])
-    return lines
-
-
-def _spread_rows(found):
-    rows = ["| %s | %s | %.2f |" % (
-        "each rank on cores of its own" if v == "bound" else "--bind none",
-        " ".join("%.2f" % (m * 1e3) for m in found["step_median_s"][v]), found["spread"][v])
-        for v in ("bound", "unbound")]
-    rows += ["| %s, bound / unbound median step | %s / %s | %.3f |" % (
-        model, _ms(statistics.median(c["step_median_s"]["bound"])),
-        _ms(statistics.median(c["step_median_s"]["unbound"])), c["bound_over_unbound"])
-        for model, c in found.get("binding_cost", {}).items()]
-    return _table(rows, ["%d runs of %d ranks, tiny MLP, %d steps" % (
-        found["runs"], found["ranks"], found["steps"]), "median step of each run (ms)",
-        "slowest / fastest"])
-
-
-def _device_rows(device):
-    if "skipped" in device:
-        return ["", "device: skipped: %s" % device["skipped"]]
-    steps, rates = device["step_median_s"], device["samples_per_s"]
-    half = device["batch_size"] // 2
-    rows = ["| %s | %s | %.0f |" % (label, _ms(steps[key]), rates[key]) for key, label in (
-        ("plain", "plain script, batch %d" % device["batch_size"]),
-        ("wrapped_1", "tmpi wrap -n 1"),
-        ("wrapped_2", "tmpi wrap -n 2, sharing the device (%d rows each)" % half),
-        ("independent_2", "2 plain processes side by side, %d rows each" % half))]
-    rows.append("| 1-rank overhead %+.1f%% (%+.1f%% .. %+.1f%%); 2 ranks / 2 processes %.2f; "
-                "exchange %s per step | | |" % (
-                    100 * device["overhead_1_rank"], 100 * device["overhead_1_rank_range"][0],
-                    100 * device["overhead_1_rank_range"][1],
-                    device["two_ranks_over_independent"], _ms(device["exchange_s_per_step"])))
-    return _table(rows, ["conv net on %s" % device["device"], "step", "samples/s"])
-
-
-def _bars_rows(found):
-    rows = []
-    for key, bar in found.items():
-        value = bar["value"]
-        shown = "-" if value is None else ("%d" % value if isinstance(value, int)
-                                           else "%.3f" % value)
-        mark = "met" if bar["met"] else "**not met**"
-        if bar.get("note"):
-            mark += " (%s)" % bar["note"]
-        rows.append("| %s | %s | %s %s |" % (bar["what"], shown, bar["bar"], mark))
-    return _table(rows, ["bar", "measured", "bar"])
-
-
-def format_table(results):
-    """The results as markdown tables (what bench/README.md shows)."""
-    lines = []
-    for part, rows in (("exchange", _exchange_rows), ("overhead", _overhead_rows),
-                       ("scaling", _scaling_rows), ("processes", _processes_rows),
-                       ("collectives", _collectives_rows), ("envelopes", _envelopes_rows),
-                       ("network", _network_rows), ("spread", _spread_rows),
-                       ("device", _device_rows)):
-        if results.get(part):
-            lines += rows(results[part])
-    others = [k for k in results.get("headline", {}) if k not in results.get("bars", {})]
-    if others:
-        lines += _table(["| %s | %s |" % (k, "-" if results["headline"][k] is None
-                                           else "%.3f" % results["headline"][k])
-                         for k in others], ["figure", "measured"])
-    if results.get("bars"):
-        lines += _bars_rows(results["bars"])
-    return "\n".join(lines).strip("\n")
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -527,32 +348,118 @@ def cmd_bench(argv):
     results = {"command": "tmpi bench " + " ".join(shlex.quote(a) for a in argv),
                "date": time.strftime("%Y-%m-%d"), "quick": args.quick, "parts": parts,
                "ranks": args.ranks, "settings": values, "machine": runs.machine()}
+    parts = take_device_part(results, parts, named=bool(args.parts))
     started = time.monotonic()
-    with _Progress(args.progress) as tick, \
+    stopped = None
+    with _Progress(args.progress) as tick, _Stopping() as stopping, \
             tempfile.TemporaryDirectory(prefix="tmpi-bench-") as workdir:
         for part in parts:
             begin = time.monotonic()
-            results[part] = PART_RUNNERS[part](args, values, workdir, tick)
-            results.setdefault("seconds", {})[part] = round(time.monotonic() - begin, 1)
-    results["seconds"]["total"] = round(time.monotonic() - started, 1)
+            found = results[part] = {}
+            try:
+                results[part] = PART_RUNNERS[part](args, values, workdir, tick, found)
+            except (KeyboardInterrupt, _Stopped, TmpiError) as error:
+                # What was measured so far is written, then the run ends as it was told.
+                stopped = error
+                results["stopped"] = "%s in the %s part after %.0f s" % (
+                    stopping.describe(error), part, time.monotonic() - started)
+                if found:
+                    found["partial"] = True
+                else:
+                    del results[part]
+                break
+            finally:
+                results.setdefault("seconds", {})[part] = round(time.monotonic() - begin, 1)
+    results["seconds"]["total"] = round(time.monotonic() - started, 1) \
+        if "seconds" in results else 0.0
     if hasattr(os, "getloadavg"):
         results["machine"]["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
     top = headline(results, args.ranks)
     results["headline"], results["bars"] = top, bars(results, top)
     # The headline figures also sit at the top level, where tools look first.
     results.update(top)
-    print(format_table(results))
+    print(format_table(results), flush=True)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)
             handle.write("\n")
-        print("results written to %s" % args.json)
+        print("results written to %s%s" % (args.json, " (%s)" % results["stopped"]
+                                            if stopped is not None else ""), flush=True)
+    if isinstance(stopped, TmpiError):
+        raise stopped
+    if stopped is not None:
+        print("tmpi bench: %s" % results["stopped"], file=sys.stderr, flush=True)
+        return 128 + stopping.signal_number(stopped)
     return 0
 
 
+def take_device_part(results, parts, named):
+    """``parts`` less the device part where it cannot measure a device
+    (:func:`~tmpi_adapters.bench.device.refusal`: its results say why); where
+    it was ``named`` (``--parts``) that is an error, before anything runs."""
+    if "device" not in parts:
+        return parts
+    from tmpi_adapters.bench import device
+    why = device.refusal()
+    if why is None:
+        return parts
+    if named:
+        # No figure of the CPU may pass for a device's.
+        raise DeviceError("tmpi bench: the device part measures no device here: %s" % why)
+    results["device"] = {"skipped": why}
+    print("device: skipped: %s" % why, flush=True)
+    return [p for p in parts if p != "device"]
+
+
+class _Stopped(Exception):
+    """SIGTERM (or SIGHUP) asked the benchmark to stop."""
+
+    def __init__(self, number):
+        super().__init__(number)
+        self.number = number
+
+
+class _Stopping:
+    """SIGTERM and SIGHUP stop the benchmark as Ctrl-C does: the process it
+    is running is stopped (:func:`runs.stop`), what was measured is written."""
+
+    SIGNALS = ("SIGTERM", "SIGHUP")
+
+    def __enter__(self):
+        import signal
+        self.saved = {}
+
+        def stop(number, frame):
+            raise _Stopped(number)
+
+        for name in self.SIGNALS:
+            number = getattr(signal, name, None)
+            if number is not None:
+                self.saved[number] = signal.signal(number, stop)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        for number, handler in self.saved.items():
+            signal.signal(number, handler)
+        return False
+
+    @staticmethod
+    def signal_number(error):
+        import signal
+        return error.number if isinstance(error, _Stopped) else signal.SIGINT
+
+    def describe(self, error):
+        import signal
+        if isinstance(error, TmpiError):
+            return "stopped by an error (%s)" % str(error).splitlines()[0][:300]
+        return "interrupted by %s" % signal.Signals(self.signal_number(error)).name
+
+
 class _Progress:
-    """A tqdm counter of the benchmark's runs; ``tick(text)`` advances it."""
+    """A tqdm counter of the benchmark's runs; ``tick(text)`` advances it,
+    ``tick(text, line=...)`` also prints ``line`` (with or without the bar)."""
 
     def __init__(self, enabled):
         self.enabled, self.bar = enabled, None
@@ -563,7 +470,12 @@ class _Progress:
             self.bar = tqdm(unit="run", file=sys.stderr, dynamic_ncols=True)
         return self.tick
 
-    def tick(self, text):
+    def tick(self, text, line=None):
+        if line is not None:
+            if self.bar is not None:
+                self.bar.write(line, file=sys.stdout)
+            else:
+                print(line, flush=True)
         if self.bar is not None:
             self.bar.set_description(text, refresh=False)
             self.bar.update(1)

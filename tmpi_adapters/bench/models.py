@@ -4,7 +4,7 @@ Nothing here knows about tmpi.  `tmpi bench` runs this file as a user's
 script, unwrapped (``python models.py --model convnet``) and wrapped
 (``tmpi wrap -n N models.py --model convnet``), and reads the last line it
 prints, ``bench-steps {...}``: the seconds of every timed training call and,
-with ``--epochs``, of every epoch.  Under ``tmpi wrap`` with N ranks the
+with ``--epochs``, of every epoch, and the device Theano computed on.  Under ``tmpi wrap`` with N ranks the
 batch is the global one: each rank computes ``batch / N`` rows of it.
 
 ``convnet``
@@ -31,6 +31,7 @@ Every model is float32 whatever Theano's ``floatX``; the data are generated
 """
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -193,6 +194,16 @@ def time_epochs(train, x, y, batch_size, epochs, warmup):
     return epoch_times, step_times
 
 
+def _device():
+    """The device Theano computes on: ``theano.config.device``, or ``"cpu"``
+    where its GPU backend could not open it."""
+    import theano
+    gpuarray = sys.modules.get("theano.gpuarray")
+    if theano.config.device == "cpu" or not getattr(gpuarray, "pygpu_activated", False):
+        return "cpu"
+    return str(theano.config.device)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="convnet")
@@ -209,7 +220,7 @@ def main(argv=None):
     rows = args.rows if args.epochs else max(4 * batch, 512)
     x, y = generated_data(rows, shape, seed=args.seed)
     train = build(args.model, seed=args.seed)
-    record = {"model": args.model, "batch_size": batch}
+    record = {"model": args.model, "batch_size": batch, "device": _device()}
     if args.epochs:
         record["epochs"], record["seconds"] = time_epochs(train, x, y, batch, args.epochs,
                                                           args.warmup)

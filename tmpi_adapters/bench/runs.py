@@ -61,16 +61,53 @@ def bench_environment(threads=1, extra=None, device=False):
 
 
 def run(command, what, threads=1, env=None, device=False):
-    """Run ``command``; its stdout, or a :class:`TmpiError` naming ``what`` failed."""
-    result = subprocess.run([str(c) for c in command],
-                            env=env or bench_environment(threads, device=device),
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, timeout=TIMEOUT)
-    if result.returncode != 0:
+    """Run ``command``; its stdout, or a :class:`TmpiError` naming ``what``
+    failed.  Interrupted (Ctrl-C, SIGTERM, :data:`TIMEOUT`), it stops the
+    process first (:func:`stop`)."""
+    process = start(command, env or bench_environment(threads, device=device))
+    stdout, stderr = communicate(process, command, what)
+    if process.returncode != 0:
         raise TmpiError("the %s benchmark failed (exit %d): %s\n%s" % (
-            what, result.returncode, " ".join(shlex.quote(str(c)) for c in command),
-            (result.stderr or result.stdout)[-3000:]))
-    return result.stdout
+            what, process.returncode, " ".join(shlex.quote(str(c)) for c in command),
+            (stderr or stdout)[-3000:]))
+    return stdout
+
+
+#: Seconds a process of the benchmark has to end after SIGTERM (``tmpi wrap``
+#: stops its ranks then) before it is killed.
+STOP_GRACE = 10
+
+
+def start(command, env):
+    """Start one process of the benchmark, its output in pipes."""
+    return subprocess.Popen([str(c) for c in command], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def communicate(process, command, what, timeout=TIMEOUT):
+    """``(stdout, stderr)`` of ``process`` once it ends; stops it on the way
+    out when the benchmark is interrupted or it runs past ``timeout``."""
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(process)
+        raise TmpiError("the %s benchmark did not finish within %d s: %s" % (
+            what, timeout, " ".join(shlex.quote(str(c)) for c in command))) from None
+    except BaseException:
+        stop(process)
+        raise
+
+
+def stop(process):
+    """End ``process``: SIGTERM (a ``tmpi wrap`` then stops its ranks), and
+    SIGKILL after :data:`STOP_GRACE` seconds."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def python():

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# A lent GPU's checks in one command of at most about 8 minutes, set-up included:
+#
+#   bash .gpu/setup && . .gpu/env && bash tools/gpu-check.sh
+#
+# 1. the device benchmark, `tmpi bench --parts device --quick`, from a cold Theano cache
+#    (its JSON: $OUT/bench-device-quick.json; stopped after BENCH_TIMEOUT seconds, it
+#    still writes what it measured);
+# 2. the suite's device tests, tests/test_gpu.py, at TMPI_TEST_DEVICE=$DEVICE (stopped
+#    after TESTS_TIMEOUT seconds).
+# Every log lands in $OUT (default: gpu-check/), with summary.txt, which is also printed.
+#
+#   DEVICE        cuda0 (default), or opencl0:0: the OpenCL device `make gpu` sets up on
+#                 the CPU (its flags file keeps the ops pocl cannot run on the host)
+#   BENCH_TIMEOUT 180 s;  TESTS_TIMEOUT 240 s;  WORKERS 4 (pytest-xdist workers)
+set -u
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-check}
+mkdir -p "$out"
+device=${DEVICE:-cuda0}
+bench_timeout=${BENCH_TIMEOUT:-180}
+tests_timeout=${TESTS_TIMEOUT:-240}
+workers=${WORKERS:-4}
+venv=${VENV:-.venv}
+py=$venv/bin/python
+summary=$out/summary.txt
+: > "$summary"
+say() { echo "gpu-check: $*" | tee -a "$summary"; }
+# Runs "$@" under a deadline (TERM, then KILL 20 s later), its output in log $1; never waits
+# on anything it did not start itself.
+bounded() {
+    local log=$1 limit=$2; shift 2
+    local begin=$SECONDS
+    timeout -k 20 -s TERM "$limit" "$@" > "$log" 2>&1 < /dev/null
+    local status=$?
+    echo "$status $((SECONDS - begin))"
+}
+
+case $device in
+    opencl*)
+        flags=$(cat "$venv/opencl-theano-flags" 2>/dev/null) || {
+            say "no $venv/opencl-theano-flags: run make gpu first"; exit 1; }
+        bench_flags="$(echo "$flags" | sed "s/device=[^,]*/device=$device/"),floatX=float32"
+        test_flags="" ;;
+    *)
+        # Theano 1.0.5's cuDNN ops predate cuDNN 9: convolutions run as GpuCorrMM.
+        bench_flags="device=$device,floatX=float32,dnn.enabled=False"
+        test_flags="dnn.enabled=False" ;;
+esac
+
+say "$(date -u +%FT%TZ) on $(hostname): DEVICE=$device, $(nproc) cores, $($py --version 2>&1)"
+if command -v nvidia-smi > /dev/null; then
+    timeout 30 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+    say "$(timeout 30 nvidia-smi -L 2>&1 | head -1)"
+fi
+read -r status seconds < <(bounded "$out/device.log" 120 "$py" -c "
+import pygpu
+context = pygpu.init('$device')
+print('pygpu %s (%s) opens $device: %s' % (pygpu.__version__, pygpu.__file__,
+                                           context.devname.strip()))")
+say "$(tail -1 "$out/device.log") (exit $status, ${seconds} s)"
+
+# 1. The device benchmark, first: its Theano cache is still cold.
+read -r status seconds < <(THEANO_FLAGS=$bench_flags bounded "$out/bench.log" "$bench_timeout" \
+    "$venv/bin/tmpi" bench --parts device --quick --no-progress --json "$out/bench-device-quick.json")
+say "tmpi bench --parts device --quick: exit $status in ${seconds} s (limit ${bench_timeout} s)"
+grep -E '^(device:|tmpi bench:|tmpi: error)' "$out/bench.log" | sed 's/^/  /' | tee -a "$summary"
+if [ -f "$out/bench-device-quick.json" ]; then
+    "$py" - "$out/bench-device-quick.json" <<'PY' | tee -a "$summary"
+import json, sys
+data = json.load(open(sys.argv[1]))
+device = data.get("device", {})
+print("  device %s, batch %s, compiled in %s s, %d runs%s" % (
+    device.get("device"), device.get("batch_size"), device.get("compile_s"),
+    len(device.get("runs", [])), ", cut short: " + data["stopped"] if "stopped" in data else ""))
+for key in ("overhead_1_rank", "two_ranks_over_independent", "two_ranks_over_one_process",
+            "exchange_s_per_step"):
+    if key in device:
+        print("  %s %.4g" % (key, device[key]))
+for key, bar in data.get("bars", {}).items():
+    print("  bar %s: %s %s: %s" % (key, bar["value"], bar["bar"], "met" if bar["met"] else "not met"))
+PY
+fi
+
+# 2. The device tests (the CPU-only ones in the file run too: a few seconds).
+read -r status seconds < <(TMPI_TEST_DEVICE=$device THEANO_FLAGS=$test_flags \
+    bounded "$out/tests.log" "$tests_timeout" "$py" -m pytest -q -rs -p no:cacheprovider \
+    -n "$workers" --dist load --durations=15 --junitxml="$out/tests.xml" tests/test_gpu.py)
+say "tests/test_gpu.py at TMPI_TEST_DEVICE=$device: exit $status in ${seconds} s (limit ${tests_timeout} s)"
+grep -E '^(SKIPPED|FAILED|ERROR)|(passed|failed|error|skipped)( |,|$)' "$out/tests.log" | tail -15 \
+    | sed 's/^/  /' | tee -a "$summary"
+say "logs in $out: summary.txt device.log bench.log bench-device-quick.json tests.log tests.xml"

@@ -261,18 +261,62 @@ def test_a_host_whose_ranks_are_killed_is_restarted_and_the_result_is_the_uninte
         hosts, tmp_path, uninterrupted):
     second = hosts.names[1]
 
+    killed = []
+
     def kill_ranks(name):
-        assert len(hosts.kill_host(name, signal.SIGKILL, ranks_only=True)) == 2
+        killed.extend(hosts.kill_host(name, signal.SIGKILL, ranks_only=True))
+        assert len(killed) == 2
 
     code, stdout, stderr = restarted(hosts, tmp_path, kill_ranks)
     assert code == 0, stderr[-3000:]
+    # Every rank found dead is named: the whole host.
+    [named] = [line for line in stderr.splitlines()
+               if "was killed by" in line and not line.startswith("tmpi: restart")]
+    match = re.match(r"tmpi: every rank of %s \(ranks 2-3, pids (\d+), (\d+)\) was killed by "
+                     r"signal 9 \(SIGKILL\): " % second, named)
+    assert match and sorted(map(int, match.groups())) == sorted(killed), named
     restarts = [line for line in stderr.splitlines() if line.startswith("tmpi: restart ")]
     assert len(restarts) == 1, stderr[-3000:]
-    # hydra says how a rank of another host ended by its status alone (EXIT
-    # CODE: 9) when its proxies' clean-up races: the host is what is sure.
-    assert re.match(r"tmpi: restart 1 of 2 \(rank [23] on %s " % second, restarts[0]), restarts
+    assert restarts[0].startswith("tmpi: restart 1 of 2 (every rank of %s (ranks 2-3) was "
+                                  "killed by signal 9 (SIGKILL) at step " % second), restarts
     assert "tmpi: the job was restarted 1 time(s); " in stderr
     assert_close(finals(stdout)["params"], uninterrupted, RTOL)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("which", ["one rank", "every rank"])
+def test_every_rank_found_dead_is_named_and_no_other(hosts, which):
+    """A rank's own supervisor (its parent on its host) says which signal
+    killed it; ranks that hydra tears down afterwards are not named, and
+    ranks that crashed meanwhile are named as such."""
+    second = hosts.names[1]
+    job = Job("wrap", *hosts.tmpi_args(2, 2), RESTART, "100000000")
+    try:
+        job.wait_for_output("step 500")
+        ranks = hosts.host_pids(second, ranks_only=True)
+        assert len(ranks) == 2, ranks
+        killed = ranks if which == "every rank" else ranks[:1]
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        code, stdout, stderr = job.finish(timeout=120)
+    finally:
+        job.kill()
+    stderr = own_lines(stderr)
+    said = [line for line in stderr.splitlines() if line.startswith("tmpi: ")]
+    assert code == 128 + 9 and len(said) == 1, stderr[-3000:]
+    if which == "every rank":
+        match = re.match(r"tmpi: every rank of %s \(ranks 2-3, pids (\d+), (\d+)\) was killed "
+                         r"by signal 9 \(SIGKILL\): killed from outside" % second, said[0])
+        assert match and sorted(map(int, match.groups())) == sorted(killed), said
+    else:
+        match = re.match(r"tmpi: rank [23] \(pid %d on %s\) was killed by signal 9 "
+                         r"\(SIGKILL\): killed from outside" % (killed[0], second), said[0])
+        assert match, said
+    # Ranks MPI made crash when it lost them are said to be that, not killed.
+    rest = said[0].split(". The other ranks were stopped.")[0].split(";")[1:]
+    assert all(re.fullmatch(r" ranks? [-, 0-9]+ crashed meanwhile with signal \d+ \(SIG\w+\), "
+                            r"most likely inside MPI on losing (it|them)", part)
+               for part in rest), said
 
 
 @pytest.mark.mpi

@@ -10,7 +10,6 @@ the next launch.
 """
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from tmpi_adapters.process.jobdir import (JOB_DIR_ENV, JOB_DIR_PREFIX, LAUNCHER_
                                          LAUNCHER_PID_ENV, claim_job_dir, rank_file,
                                          sweep_job_dirs)
 from tmpi_adapters.launch.hosts import mpi_flavor
-from tmpi_adapters.launch.supervise import rank_command
+from tmpi_adapters.launch.supervise import SUPERVISED, die_with, rank_command
 from tmpi_adapters.launch.target import as_target, find_module, target_argv
 from tmpi_adapters.process.channel import CHANNEL_ENV, ChannelServer
 from tmpi_adapters.process.threads import THREAD_ENV, default_threads, limit_blas_threads
@@ -122,24 +121,6 @@ def rank_environment(options, threads_per_rank=None, n=1, env=None):
     return env
 
 
-def _die_with(parent):
-    """``preexec_fn``: the kernel kills ``mpiexec`` when ``parent`` dies, however
-    it dies (``kill -9`` included); ``mpiexec``'s proxies then end the ranks."""
-    def arrange():
-        try:
-            import ctypes
-            libc = ctypes.CDLL(None, use_errno=True)
-            pr_set_pdeathsig = 1
-            libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-        except (OSError, AttributeError):
-            return  # not Linux: the ranks' own watchdog still notices
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-    return arrange
-
-
-
-
 #: The memory a rank takes before the script's model (Python, numpy, Theano,
 #: MPI and tmpi imported; about 140 MB measured), for :func:`check_capacity`.
 RANK_MEMORY = 150 * 2 ** 20
@@ -226,7 +207,7 @@ def launch(target, script_args, options, n=1, mpiexec=None, mpiexec_args=(),
             from tmpi_adapters.launch.supervise import supervise
             # The rank runs as a child, so that this process can name it
             # when a signal kills it (the launcher kills the others at once).
-            status = supervise(rank_command(target, script_args), _die_with(os.getpid()),
+            status = supervise(rank_command(target, script_args), die_with(os.getpid()),
                                preemption.bounds(options))
             if status is not None:
                 return status
@@ -278,8 +259,10 @@ def start_job(target, script_args, options, n, mpiexec=None, mpiexec_args=(),
                                     rank_file(directory, rank, name)).start()
             env[CHANNEL_ENV] = channel.address()
             placement = hosts.mpiexec_args(mpi_flavor(executable), passed_on(env))
+        # On hosts each rank runs under a small parent of its own, which tells
+        # this launcher when a signal killed it (hydra names one rank, vaguely).
         command = [executable, "-n", str(n)] + (placement or []) + list(mpiexec_args) + \
-            rank_command(target, script_args)
+            (SUPERVISED if hosts is not None else []) + rank_command(target, script_args)
         relay = None
         if options.all_ranks_output:
             try:
@@ -289,7 +272,7 @@ def start_job(target, script_args, options, n, mpiexec=None, mpiexec_args=(),
         try:
             process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE,
-                                       preexec_fn=_die_with(os.getpid()))
+                                       preexec_fn=die_with(os.getpid()))
         except OSError as exc:
             if channel is not None:
                 channel.close()

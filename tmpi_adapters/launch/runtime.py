@@ -18,7 +18,7 @@ from tmpi_adapters.options import Options
 from tmpi_adapters.process import binding, compat, devices
 from tmpi_adapters.process.failure import (end_after_failure, end_preempted, end_quietly,
                                            ends_cleanly, exit_status, finish_after_failure)
-from tmpi_adapters.process.jobdir import mark
+from tmpi_adapters.process.jobdir import mark, supervised
 from tmpi_adapters.process.output import flush_partial_lines, route_output
 from tmpi_adapters.process.rank import mpi_rank_size
 from tmpi_adapters.reliability import preemption
@@ -87,7 +87,9 @@ def main(argv=None):
     route_output(options, rank, size)
     session = None
     try:
-        mark(rank, "pid", "%d %s" % (os.getpid(), socket.gethostname()))
+        mark(rank, "pid", "%d %s%s" % (os.getpid(), socket.gethostname(),
+                                       # the tmpi process above this rank
+                                       " %d" % os.getppid() if supervised() else ""))
         take_decorator_options(options, target, rank)
         if not options.framework:
             options.framework = detect_framework(target) or "theano"

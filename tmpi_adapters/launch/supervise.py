@@ -19,6 +19,12 @@ or stuck holds the step up, so rank 0 never writes its checkpoint), the
 supervisor kills it and exits with status 75; rank 0's names the newest
 checkpoint on disk and the steps lost, a rank that was stopped (SIGSTOP)
 is named by its own.
+
+Under ``tmpi wrap --hosts`` each rank runs under one too
+(``python -m tmpi_adapters.launch.supervise RANK-COMMAND``, :data:`SUPERVISED`):
+there it says nothing itself but leaves a ``killed`` mark for the launcher
+(over the channel from another host), so that every rank a signal killed is
+named, where hydra's banner names one rank of the job, with its status alone.
 """
 import os
 import select
@@ -32,8 +38,8 @@ import time
 from tmpi_adapters.launch.signals import handled
 from tmpi_adapters.launch.target import target_argv
 from tmpi_adapters.launch.watch import describe_signal
-from tmpi_adapters.process.jobdir import (PROGRESS_FILE_ENV, SUPERVISOR_FD_ENV, process_state,
-                                         read_progress)
+from tmpi_adapters.process.jobdir import (PROGRESS_FILE_ENV, SUPERVISOR_FD_ENV, job_dir, mark,
+                                         process_state, read_progress)
 from tmpi_adapters.reliability.preemption import PREEMPTED, SIGNALS, overdue_report
 
 #: The signals the supervisor passes on to its rank: a scheduler's preemption
@@ -45,6 +51,27 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, sign
 #: hydra's and Slurm's PMI, Open MPI, PMIx, Slurm; the first one set wins.
 RANK_NAMES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 SIZE_NAMES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS")
+
+
+#: The words before a rank's command that run it under a supervisor
+#: (``tmpi wrap --hosts``).
+SUPERVISED = [sys.executable, "-m", "tmpi_adapters.launch.supervise"]
+
+
+def die_with(parent):
+    """``preexec_fn``: the kernel kills the child (``mpiexec``, a rank) when
+    ``parent`` dies, however it dies (``kill -9`` included)."""
+    def arrange():
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+        except (OSError, AttributeError):
+            return  # not Linux: the ranks' own watchdog still notices
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+    return arrange
 
 
 def rank_command(target, script_args):
@@ -160,15 +187,23 @@ def supervise(command, preexec_fn=None, preemption=None):
             os.unlink(progress)
     if status == "overdue":
         return PREEMPTED
+    # Under tmpi wrap's own launcher (a job directory) the launcher speaks.
+    quiet = bool(job_dir())
     if status == 0 and not ended:
-        report_left(child.pid)
+        if not quiet:
+            report_left(child.pid)
         return 1
     if status >= 0:
         return status
     # Death by a signal passed on from here was asked for (a scheduler's
     # SIGTERM without --checkpoint-dir): not a failure to report.
     if -status not in forward.received:
-        report_killed(child.pid, -status)
+        if quiet:
+            rank, _ = launcher_place()
+            if rank is not None:
+                mark(rank, "killed", str(-status), life=False)
+        else:
+            report_killed(child.pid, -status)
     return 128 - status
 
 
@@ -262,3 +297,18 @@ def report_killed(pid, number):
                      "other ranks.\n" % (_who(), pid, socket.gethostname(),
                                          describe_signal(number)))
     sys.stderr.flush()
+
+
+def main(argv=None):
+    """``python -m tmpi_adapters.launch.supervise COMMAND...``: run one rank of
+    a ``tmpi wrap --hosts`` job under this process (its ``killed`` mark), or
+    in its place where it cannot be supervised."""
+    command = list(sys.argv[1:] if argv is None else argv)
+    status = supervise(command, die_with(os.getpid()))
+    if status is None:
+        os.execv(command[0], command)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -12,17 +12,15 @@ import re
 import select
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 
-from tmpi_adapters.process.jobdir import (belongs_to_job, has_mark, process_alive,
-                                         process_state, rank_file, read_checkpoint_mark,
-                                         read_progress, read_ranks)
+from tmpi_adapters.process.jobdir import (has_mark, process_alive, rank_file,
+                                         read_checkpoint_mark, read_progress, read_ranks)
 from tmpi_adapters.launch.mpiexec_output import MpiexecOutput
 from tmpi_adapters.launch.signals import signals_ignored
-from tmpi_adapters.reliability.preemption import PREEMPTED, overdue_report
+from tmpi_adapters.launch.stopping import Stopping
 from tmpi_adapters.reliability.watchdog import format_ranks
 
 #: Seconds a rank may be gone without a word before the launcher ends the job
@@ -71,7 +69,7 @@ def describe_signal(number):
 
 # ------------------------------------------------------------------ the watch
 
-class JobWatch(MpiexecOutput):
+class JobWatch(MpiexecOutput, Stopping):
     """Watches one ``mpiexec`` job from the process that launched it.
 
     Parameters
@@ -161,42 +159,6 @@ class JobWatch(MpiexecOutput):
         self.status = self.final_status(code)
         return self.status
 
-    def _wait_bounded(self):
-        """``mpiexec``'s status; once a preemption's grace has passed (a rank
-        stopped or stuck holds the step up), the job is stopped first."""
-        if self.preemption is None:
-            return self.process.wait()
-        try:
-            ended = os.pidfd_open(self.process.pid)
-        except (AttributeError, OSError):
-            ended = None
-        try:
-            while self.process.poll() is None:
-                if self.preemption.overdue():
-                    self._stop_overdue()
-                    break
-                left = self.preemption.left()
-                timeout = 1.0 if left is None else min(1.0, left + 0.01)
-                if ended is not None:
-                    select.select([ended], [], [], timeout)
-                else:
-                    time.sleep(min(timeout, 0.1))
-        finally:
-            if ended is not None:
-                os.close(ended)
-        return self.process.wait()
-
-    def _stop_overdue(self):
-        """Stop the job now, ranks first: a stopped rank (SIGSTOP) takes
-        nothing but SIGKILL."""
-        self.overdue = sorted(
-            info.rank for info in read_ranks(self.directory).values()
-            if info.host in (None, self.host) and process_state(info.pid) == "T" and
-            belongs_to_job(info.pid, self.directory))
-        with signals_ignored():
-            self.kill_leftovers()
-            self.stop_job(grace=2.0)
-
     # -- watching the ranks ---------------------------------------------------------
     def _watch(self):
         """End the job when a rank on this machine is gone without a word.
@@ -275,30 +237,6 @@ class JobWatch(MpiexecOutput):
                 continue
         return statuses
 
-    def stop_job(self, grace=5.0):
-        """Terminate ``mpiexec`` (it ends its ranks), then kill what is left."""
-        try:
-            self.process.terminate()
-            self.process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        except OSError:
-            pass
-        self.kill_leftovers()
-
-    def kill_leftovers(self):
-        """SIGKILL ranks of this job that outlived ``mpiexec`` on this machine."""
-        killed = []
-        for info in read_ranks(self.directory).values():
-            if info.host in (None, self.host) and process_alive(info.pid) and \
-                    belongs_to_job(info.pid, self.directory):
-                try:
-                    os.kill(info.pid, signal.SIGKILL)
-                    killed.append(info.rank)
-                except OSError:
-                    pass
-        return killed
-
     # -- the final word -------------------------------------------------------------
     def final_status(self, code):
         """Report what ended the job, once, naming the rank; return the exit
@@ -312,12 +250,20 @@ class JobWatch(MpiexecOutput):
             return preempted
         ranks = read_ranks(self.directory)
         by_pid = {info.pid: info for info in ranks.values()}
+        by_pid.update({info.supervisor: info for info in ranks.values() if info.supervisor})
         failed = [r for r in ranks if has_mark(self.directory, r, "failed")]
         exits = self.exit_statuses(ranks)
+        killed = {} if self.vanished is not None else self.killed_marks()
         messages, signalled = [], None
+        if killed:
+            line, signalled = self._describe_killed(killed, ranks)
+            messages.append(line)
+            code = signalled
         # Terminations tmpi caused itself while stopping a job say nothing
         # new, nor does the end of a rank whose script chose its exit status.
-        terminations = [] if self.vanished is not None else [
+        # When supervisors named the ranks a signal killed, hydra's banner can
+        # only add a process its own tear-down killed.
+        terminations = [] if self.vanished is not None or killed else [
             t for t in self.terminations if not (t[0] in by_pid and by_pid[t[0]].rank in exits)]
         for pid, host, exit_code, exit_string in terminations:
             info, number = by_pid.get(pid), _signal_number(exit_string)
@@ -328,6 +274,8 @@ class JobWatch(MpiexecOutput):
                 " on %s" % host if self.channel is not None else "",
                 "was killed by %s" % name_signal(number) if number else
                 "exited with status %s without finishing" % exit_code)
+            if not number and self._elsewhere(info) and exit_code and 0 < exit_code < 65:
+                number = exit_code  # hydra's status of a rank of another host: its signal
             if number and not signalled:
                 # As a shell reports a process a signal ended: 128 + its
                 # number (mpiexec gives the bare number, which would read as
@@ -444,63 +392,6 @@ class JobWatch(MpiexecOutput):
         first, host = ended[0][0], ranks[ended[0][1]].host
         return sorted(r for when, r in ended if ranks[r].host == host and when - first < 1.0)
 
-    def _preempted_status(self, code):
-        """:data:`PREEMPTED` when rank 0 wrote the checkpoint a SIGTERM or
-        SIGUSR1 asked for (its report said so), or when this launcher passed
-        one on and the job did not finish; else ``None``."""
-        try:
-            with open(rank_file(self.directory, 0, "preempted"), "rb") as handle:
-                report = handle.read().strip()
-        except OSError:
-            report = None
-        asked = self.preemption is not None and self.preemption.signal
-        if report is None and not (asked and code != 0):
-            return None
-        if report is None:
-            report = (b"tmpi: the job ended on %s before rank 0 wrote a checkpoint (its "
-                      b"ranks were still starting, or one failed first: see above); "
-                      b"--resume auto continues from the newest checkpoint, if any."
-                      % asked.encode())
-        if report not in self.reports_seen:
-            sys.stdout.flush()
-            sys.stderr.write(report.decode("utf-8", "replace") + "\n")
-            sys.stderr.flush()
-        return PREEMPTED
-
-    def _overdue_status(self):
-        """The job stopped because its step in flight outlasted the
-        preemption's grace: :data:`PREEMPTED`, naming the newest checkpoint
-        on disk and the steps lost."""
-        ranks = read_ranks(self.directory)
-        stuck = None
-        if self.overdue:
-            stuck = "%s (pid %s) %s stopped (SIGSTOP)" % (
-                format_ranks(self.overdue), ", ".join(str(ranks[r].pid) for r in self.overdue),
-                "is" if len(self.overdue) == 1 else "are")
-        zero = ranks.get(0)
-        here = zero is None or zero.host in (None, self.host)
-        written = self.checkpoint[:2] if self.checkpoint is not None else None
-        report = overdue_report(self.preemption.signal, self.preemption.grace,
-                                self.preemption.directory, self.progress if zero else None,
-                                written, here, stuck)
-        if not here and written is None:
-            report = report.replace("rank 0's host", zero.host)
-        sys.stdout.flush()
-        sys.stderr.write(report + "\n")
-        sys.stderr.flush()
-        return PREEMPTED
-
-    def _interrupted_status(self):
-        """Ctrl-C or SIGTERM reached tmpi: one line (unless a rank, interrupted
-        too, said it), and the shell's status for the signal."""
-        name = signal.Signals(self.interrupted).name
-        if not any(line.startswith(b"tmpi: interrupted") for line in self.reports_seen):
-            sys.stdout.flush()
-            sys.stderr.write("tmpi: interrupted (%s): the job's %d rank(s) were stopped.\n"
-                             % (name, self.n))
-            sys.stderr.flush()
-        return 128 + int(self.interrupted)
-
     def _lost_report(self, failed):
         """The failure report of the first failed rank, if its stderr never got here."""
         for rank in sorted(failed):
@@ -536,7 +427,7 @@ class JobWatch(MpiexecOutput):
         number = _signal_number(exit_string)
         if number:
             how = "was killed by %s" % describe_signal(number)
-        elif info and info.host not in (None, self.host) and exit_code and 0 < exit_code < 65:
+        elif self._elsewhere(info) and exit_code and 0 < exit_code < 65:
             # A rank on another host: hydra gives a signal's number as its status.
             how = "ended with status %d without finishing (%s, if a signal ended it)" % (
                 exit_code, name_signal(exit_code))
@@ -544,6 +435,71 @@ class JobWatch(MpiexecOutput):
             how = "exited with status %s without finishing" % exit_code
         tail = self._tail(info.rank) if info else ""
         return "tmpi: %s %s. The other ranks were stopped.%s" % (who, how, tail)
+
+    def killed_marks(self):
+        """``{rank: (signal number, when)}`` of the ranks whose supervisors saw
+        a signal kill them (``tmpi wrap --hosts``), ``when`` the time the
+        mark reached this machine."""
+        killed = {}
+        for rank in range(self.n):
+            path = rank_file(self.directory, rank, "killed")
+            try:
+                with open(path) as handle:
+                    killed[rank] = (int(handle.read()), os.stat(path).st_mtime_ns)
+            except (OSError, ValueError):
+                continue
+        return killed
+
+    def _describe_killed(self, killed, ranks):
+        """One line naming every rank a signal killed (``every rank of b``
+        where that is what it was), and :attr:`failure`.  SIGKILL comes from
+        outside (a user, the out-of-memory killer, a scheduler; hydra's own
+        tear-down kills the supervisors first, so it leaves no mark): the
+        ranks it killed are the cause, and the ranks that crashed meanwhile
+        (MPI libraries crash when a peer's connections break) are named
+        after them.  Without a SIGKILL the first signal to arrive is the
+        cause.  Returns ``(line, status)``."""
+        first = min(killed.values(), key=lambda value: value[1])[0]
+        cause = signal.SIGKILL if any(number == signal.SIGKILL
+                                      for number, _ in killed.values()) else first
+        dead = sorted(r for r, (number, _) in killed.items() if number == cause)
+        after = {}
+        for rank, (number, _) in sorted(killed.items()):
+            if number != cause:
+                after.setdefault(number, []).append(rank)
+        pids = ", ".join(str(ranks[r].pid) for r in dead if r in ranks) or "unknown"
+        hosts = ", ".join(sorted({ranks[r].host for r in dead if r in ranks and ranks[r].host}))
+        who = self._whose(dead, ranks)
+        whole = who.startswith("every")
+        verb = "were" if len(dead) > 1 and not whole else "was"
+        self.failure = "%s%s %s killed by %s" % (
+            who, " on %s" % hosts if hosts and not whole else "", verb, name_signal(cause))
+        if whole:
+            named = "%s, pid%s %s)" % (who[:-1], "s" if len(dead) > 1 else "", pids)
+        else:
+            named = "%s (pid%s %s%s)" % (who, "s" if len(dead) > 1 else "", pids,
+                                         " on %s" % hosts if hosts else "")
+        line = "tmpi: %s %s killed by %s%s. The other ranks were stopped.%s" % (
+            named, verb, describe_signal(cause),
+            "".join("; %s crashed meanwhile with %s, most likely inside MPI on losing %s" % (
+                format_ranks(others), name_signal(number), "it" if len(dead) == 1 else "them")
+                for number, others in after.items()), self._tail(dead[0]))
+        return line, 128 + int(cause)
+
+    def _elsewhere(self, info):
+        """True for a rank of another host than this launcher's."""
+        return info is not None and info.host not in (None, self.host)
+
+    @staticmethod
+    def _whose(dead, ranks):
+        """``"every rank of b (ranks 2-3)"`` when ``dead`` are all the ranks of
+        one host (of more than one rank), else ``"ranks 2, 5"``."""
+        hosts = {ranks[r].host for r in dead if r in ranks}
+        if len(dead) > 1 and len(hosts) == 1 and None not in hosts:
+            host = hosts.pop()
+            if sorted(dead) == sorted(r for r, info in ranks.items() if info.host == host):
+                return "every rank of %s (%s)" % (host, format_ranks(dead))
+        return format_ranks(dead)
 
     def _tail(self, rank):
         tail = stderr_tail(self.directory, rank)

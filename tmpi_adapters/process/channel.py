@@ -275,9 +275,11 @@ def join(rank):
     return _LIFE
 
 
-def send_file(rank, name, text):
-    """Leave ``rank<N>.<name>`` holding ``text`` in the launcher's job directory."""
-    join(rank)
+def send_file(rank, name, text, life=True):
+    """Leave ``rank<N>.<name>`` holding ``text`` in the launcher's job directory
+    (``life``: the rank's own life connection opened first)."""
+    if life:
+        join(rank)
     sock = connect(rank, "file", name)
     if sock is None:
         return False

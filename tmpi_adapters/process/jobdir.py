@@ -83,9 +83,16 @@ PROGRESS_FILE_ENV = "TMPI_PROGRESS_FILE"
 ENDINGS = ("done", "exit", "failed", "preempted")
 
 
-def mark(rank, kind, text=""):
+def supervised():
+    """True in a rank whose parent supervises it (:mod:`~tmpi_adapters.launch.supervise`)."""
+    return os.environ.get(SUPERVISOR_FD_ENV, "").isdigit()
+
+
+def mark(rank, kind, text="", life=True):
     """Leave ``rank<N>.<kind>`` in the job directory (no-op outside ``tmpi
-    wrap``); a rank's ending goes to its supervisor too, where it has one."""
+    wrap``); a rank's ending goes to its supervisor too, where it has one.
+    ``life=False``: from another process than the rank (its supervisor),
+    which must not stand for the rank on the channel."""
     supervisor = os.environ.get(SUPERVISOR_FD_ENV, "")
     if kind in ENDINGS and supervisor.isdigit():
         try:
@@ -96,7 +103,7 @@ def mark(rank, kind, text=""):
     if not directory:
         return
     if remote():
-        channel.send_file(rank, kind, text)
+        channel.send_file(rank, kind, text, life=life)
         return
     try:
         os.makedirs(directory, exist_ok=True)
@@ -153,10 +160,11 @@ def read_checkpoint_mark(directory):
 
 
 class RankInfo:
-    """What the launcher knows of one rank from its files in the job directory."""
+    """What the launcher knows of one rank from its files in the job directory:
+    its pid and host, and the pid of the supervisor it runs under, if any."""
 
-    def __init__(self, rank, pid, host):
-        self.rank, self.pid, self.host = rank, pid, host
+    def __init__(self, rank, pid, host, supervisor=None):
+        self.rank, self.pid, self.host, self.supervisor = rank, pid, host, supervisor
 
 
 def read_ranks(directory):
@@ -173,8 +181,9 @@ def read_ranks(directory):
         try:
             with open(os.path.join(directory, name)) as handle:
                 fields = handle.read().split()
-            ranks[int(match.group(1))] = RankInfo(int(match.group(1)), int(fields[0]),
-                                                  fields[1] if len(fields) > 1 else None)
+            ranks[int(match.group(1))] = RankInfo(
+                int(match.group(1)), int(fields[0]), fields[1] if len(fields) > 1 else None,
+                int(fields[2]) if len(fields) > 2 else None)
         except (OSError, ValueError, IndexError):
             continue  # being written
     return ranks

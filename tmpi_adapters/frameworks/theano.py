@@ -347,19 +347,16 @@ class TheanoAdapter(FrameworkAdapter):
         """A training function converted by the row analysis, compiled, and
         wrapped as its rank's :class:`DistributedFunction`."""
         session = self.session
-        compile_with, first_split, steps = coupled_compiler(
+        compiled, first_split, steps = coupled_compiler(
             self, key, bound, output_list, rebuild_outputs, update_pairs, updates, plan,
             markers)
-        compiled = compile_with(None)
-        step = steps[-1]
         # Every piece of model state is updated from the whole batch inside the step.
         model.averaged_state = list(model.model_state)
-        model.coupled = step
+        model.coupled = CoupledCombiner(session, steps, name=key)
         function_class = self.function_class or DistributedFunction
         function = function_class(self, compiled, model, plan=plan,
                                   single_output=rebuild_outputs.single,
-                                  combiner=CoupledCombiner(session, steps, name=key),
-                                  first_split=first_split)
+                                  combiner=model.coupled, first_split=first_split)
         model.train_fn = function
         session.register_model(model)
         self.functions.append(function)

@@ -53,12 +53,13 @@ def analyse_function(adapter, inputs, given_pairs, graph, costs, update_pairs,
 
 def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pairs, updates,
                      plan, markers):
-    """``(compile_with, first_split, steps)`` for a training function converted
-    by the row analysis (:class:`~tmpi_adapters.core.coupling.CoupledStep`):
-    ``compile_with(None)`` converts and compiles it (appending its step to
-    ``steps``); ``first_split(sizes, cut)`` decides, on the first split
-    call, where the rows of its reshapes to constant shapes go, and compiles
-    it again where that changes the conversion (else ``None``)."""
+    """``(compiled, first_split, steps)`` for a training function converted by
+    the row analysis (:class:`~tmpi_adapters.core.coupling.CoupledStep`): the
+    function converted and compiled (its step appended to ``steps``);
+    ``first_split(sizes, cut)`` decides, on the first split call, where the
+    rows of its reshapes go (to constant shapes, or to shapes the sizes did
+    not decide), and compiles it again where that changes the conversion
+    (else ``None``)."""
     import theano
     from tmpi_adapters.core.coupling import CoupledStep
     from tmpi_adapters.graphs.rows import Rows
@@ -84,7 +85,13 @@ def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_p
     def compile_with(_):
         reshapes, rewrite = decisions()
         rows = Rows(plan.layout, convert=True, window=session.rows_window, reshapes=reshapes,
-                    rewrite=rewrite, local_rows=local_rows, gradients=gradients)
+                    rewrite=rewrite, local_rows=local_rows, gradients=gradients,
+                    probe=not fixed.done)
+        if rows.undecided:
+            # Reshapes the sizes do not decide: assumed to keep the rows on axis 0
+            # until the first split call decides (nothing runs split before).
+            fixed.probe_also(rows.undecided)
+            reshapes, _ = decisions()
         step = CoupledStep(session, key, rows, markers, outputs, update_pairs)
         steps.append(step)
         used[:] = [(reshapes, {k: repr(v) for k, v in rewrite.items()})]
@@ -121,14 +128,16 @@ def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_p
         if [(reshapes, {k: repr(v) for k, v in rewrite.items()})] == used:
             return None
         return compile_with(None)
+    compiled = compile_with(None)
     first_split = FirstSplit(fixed, recompile) if fixed.found.reshapes else None
-    return compile_with, first_split, steps
+    return compiled, first_split, steps
 
 
 class CoupledCombiner:
     """What a converted training step still combines after its call: per-row
     values and extrema (:class:`~tmpi_adapters.core.combine.Combiner`), as the
-    latest compilation of the step says (``steps[-1]``)."""
+    latest compilation of the step says (``steps[-1]``).  A model's
+    ``coupled`` attribute: :meth:`describe` words the step's collectives."""
 
     def __init__(self, session, steps, name):
         self.session, self.steps, self.name = session, steps, name
@@ -143,16 +152,26 @@ class CoupledCombiner:
     def __call__(self, values, weight, rows, total=None):
         return self._combiner()(values, weight, rows, total=total)
 
+    @property
+    def step(self):
+        """The step as compiled last (:class:`~tmpi_adapters.core.coupling.CoupledStep`)."""
+        return self.steps[-1]
+
+    def describe(self):
+        return self.step.describe()
+
 
 def probe_shapes(adapter, key, bound, graph, plan_replace, new_givens, transform, labels, sizes,
                  cut):
-    """The shapes of the tagged reshapes' inputs (``labels``) when the
-    function's graph, rewritten by ``transform`` (without any exchange:
-    nothing is exchanged), runs each of ``sizes`` rows, from Theano's own
-    shape inference on the call's inputs cut by ``cut(rows)``."""
+    """``{label: (input shapes, output shapes)}`` of the tagged reshapes
+    (``labels``) when the function's graph, rewritten by ``transform``
+    (without any exchange: nothing is exchanged), runs each of ``sizes``
+    rows, from Theano's own shape inference on the call's inputs cut by
+    ``cut(rows)``."""
     import theano
     found = reshape_inputs(transform(theano.clone(graph, replace=plan_replace)))
-    arguments = dict(bound.arguments, outputs=[found[l].shape for l in labels],
+    arguments = dict(bound.arguments, outputs=[found[l][k].shape for l in labels
+                                               for k in (0, 1)],
                      on_unused_input="ignore", no_default_updates=True,
                      name="%s (shapes)" % key)
     arguments.pop("updates", None)
@@ -163,7 +182,8 @@ def probe_shapes(adapter, key, bound, graph, plan_replace, new_givens, transform
     for rows in sizes:
         args, kwargs = cut(rows)
         measured.append([tuple(int(v) for v in shape) for shape in function(*args, **kwargs)])
-    return {label: [m[k] for m in measured] for k, label in enumerate(labels)}
+    return {label: ([m[2 * k] for m in measured], [m[2 * k + 1] for m in measured])
+            for k, label in enumerate(labels)}
 
 
 def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pairs, updates,

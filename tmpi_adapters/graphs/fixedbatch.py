@@ -74,9 +74,18 @@ def label_of(variable):
 
 
 def reshape_inputs(variables):
-    """``{label: input}`` of the tagged reshapes in ``variables``' graph."""
-    return {label_of(node.outputs[0]): node.inputs[0] for node in _nodes(variables)
-            if label_of(node.outputs[0]) is not None}
+    """``{label: (input, output)}`` of the tagged reshapes in ``variables``' graph."""
+    return {label_of(node.outputs[0]): (node.inputs[0], node.outputs[0])
+            for node in _nodes(variables) if label_of(node.outputs[0]) is not None}
+
+
+def tag(variable):
+    """The label of a reshape's output, given one if it has none."""
+    label = label_of(variable)
+    if label is None:
+        label = next(_labels)
+        setattr(variable.tag, TAG, label)
+    return label
 
 
 def made_at(variable):
@@ -126,7 +135,7 @@ class RowsMeet(ConfigError):
     ranks' shares meet in it (the row analysis then gathers them)."""
 
 
-def decide(describe, target, sizes, shapes):
+def decide(describe, target, sizes, shapes, contiguous=False, outputs=None):
     """``(axis, rewrite)`` of a reshape to the constant shape ``target``: the
     axis of the new shape that holds the rows and the :class:`Rewrite` that
     makes the shape a rank's own (``None`` where the reshape needs none);
@@ -145,8 +154,26 @@ def decide(describe, target, sizes, shapes):
 
     Raises :class:`RowsMeet` where the reshape's input follows the rows in a
     way each rank's share cannot reproduce exactly, or in a way that can be
-    read more than one way.
+    read more than one way; with ``contiguous``, also where the axis holding
+    the rows holds them more than once (``(time, batch, d)`` merged into
+    ``(time * batch, d)``: a rank's rows are not one block of that axis).
+
+    A reshape to a shape computed in the graph (``target`` ``None``) is read
+    from its ``outputs``' shapes at each size: where its rows go for the
+    whole batch, and each share's shape must be what that gives (it needs
+    no rewrite).
     """
+    if target is None:
+        axis, rewrite = decide(describe, tuple(outputs[0]), sizes, shapes, contiguous)
+        if rewrite is not None:
+            for rows, out in zip(sizes[1:], outputs[1:]):
+                expected = tuple(rows * rewrite.num // rewrite.den if k == rewrite.axis else v
+                                 for k, v in enumerate(rewrite.entries))
+                if tuple(out) != expected:
+                    raise RowsMeet("%s: for %d rows its new shape is %s, not the %s that holds "
+                                   "those rows of the whole batch's %s"
+                                   % (describe, rows, tuple(out), expected, tuple(outputs[0])))
+        return axis, None
     batch, full = sizes[0], shapes[0]
     varying = [a for a in range(len(full)) if len({s[a] for s in shapes}) > 1]
     if not varying:
@@ -166,22 +193,30 @@ def decide(describe, target, sizes, shapes):
         if shape[axis] * batch != full[axis] * rows:
             raise refuse("its axis %d is not proportional to the rows (%d for %d rows)"
                          % (axis, shape[axis], rows))
-    if full[axis] % batch:
-        raise refuse("its axis %d does not hold a whole number of entries per row" % axis)
-    per_row = full[axis] // batch
     pre, post = math.prod(full[:axis]), math.prod(full[axis + 1:])
     total = math.prod(full)
     known = math.prod(v for v in target if v != -1)
     actual = tuple(total // known if v == -1 else v for v in target)
-    # Axis `axis` holds `per_row` entries per row, ordered row-major or not (a
-    # transposed or tiled tensor flattened): every order (`outer` entries above
-    # the rows, `per_row // outer` below) the new shape can hold is read, and
-    # all must agree.
     placed, reasons = {}, []
-    for outer in (d for d in range(1, per_row + 1) if per_row % d == 0):
+    if full[axis] % batch == 0:
+        # Axis `axis` holds `per_row` entries per row, ordered row-major or not
+        # (a transposed or tiled tensor flattened): every order (`outer`
+        # entries above the rows, `per_row // outer` below) the new shape can
+        # hold is read, and all must agree.
+        per_row = full[axis] // batch
+        # (A reshape's input proven to hold each row as one block: row-major only.)
+        readings = [(outer, per_row // outer) for outer in range(1, per_row + 1)
+                    if per_row % outer == 0 and not (contiguous and outer > 1)]
+    elif contiguous and batch % full[axis] == 0 and (full[axis] * post) % batch == 0:
+        # Each entry of axis `axis` holds whole rows (rows merged upstream).
+        readings = [(1, full[axis] * post // batch)]
+        post = 1
+    else:
+        raise refuse("its axis %d does not hold a whole number of entries per row" % axis)
+    for outer, inner in readings:
         try:
             placed[outer] = _place(target, actual, batch, sizes[1:], pre * outer,
-                                   post * (per_row // outer))
+                                   post * inner, contiguous)
         except ValueError as why:
             reasons.append(str(why))
     if not placed:
@@ -195,7 +230,7 @@ def decide(describe, target, sizes, shapes):
     return next(iter(placed.values()))
 
 
-def _place(target, actual, batch, shares, pre, row):
+def _place(target, actual, batch, shares, pre, row, contiguous=False):
     """Where the rows of an input of ``pre`` slabs of ``batch`` rows of ``row``
     elements each land in the new shape ``actual`` (``target`` as written):
     ``(axis, rewrite)``, the :class:`Rewrite` ``None`` where none is needed,
@@ -210,6 +245,10 @@ def _place(target, actual, batch, shares, pre, row):
             math.prod(actual[:k]) * (strides[k] * actual[k] // period) != pre:
         raise ValueError("the new shape %s does not keep the rows together on one axis"
                          % (tuple(actual),))
+    if contiguous and strides[k] * actual[k] != period:
+        raise ValueError("axis %d of the new shape %s holds the rows %d times over, each "
+                         "time with other entries between them" % (
+                             k, tuple(actual), strides[k] * actual[k] // period))
     if row % strides[k] and strides[k] % row:
         raise ValueError("an entry of axis %d of the new shape %s holds part of one row and "
                          "part of another" % (k, tuple(actual)))
@@ -361,7 +400,7 @@ class FixedBatch:
         batch = sizes.pop() if len(sizes) == 1 else None
         self.assumed = {label: Rewrite(shape.index(batch), 1, 1, shape)
                         for label, (_, shape) in self.found.reshapes.items()
-                        if shape.count(batch) == 1 and -1 not in shape}
+                        if shape is not None and shape.count(batch) == 1 and -1 not in shape}
         return self.transform(self.assumed)
 
     @property
@@ -385,8 +424,17 @@ class FixedBatch:
 
     def describe(self, label):
         node, shape = self.found.reshapes[label]
+        if shape is None:
+            return "%s: the reshape%s" % (self.name, _where(node.outputs[0]))
         return "%s: the reshape to the constant shape %s%s" % (
             self.name, shape, _where(node.outputs[0]))
+
+    def probe_also(self, nodes):
+        """Decide on the first split call the rows of these reshapes too
+        (shapes computed in the graph, which the sizes did not decide)."""
+        for node in nodes:
+            self.found.reshapes.setdefault(tag(node.outputs[0]), (node, None))
+            self.done = False
 
     def _upstream(self):
         """``label -> labels of the reshapes above it``."""
@@ -402,8 +450,8 @@ class FixedBatch:
         else axis 0."""
         sizes = {node.op.imshp[0] for node in self.found.convs}
         batch = sizes.pop() if len(sizes) == 1 else None
-        return {label: shape.index(batch) if shape.count(batch) == 1 else 0
-                for label, (_, shape) in self.found.reshapes.items()}
+        return {label: shape.index(batch) if shape is not None and shape.count(batch) == 1
+                else 0 for label, (_, shape) in self.found.reshapes.items()}
 
     def resolve(self, sizes, probe, couples=False):
         """Decide every reshape to a constant shape; the transform to compile
@@ -434,8 +482,10 @@ class FixedBatch:
             shapes = probe(self.transform(), ready, sizes) if ready else {}
             for label in ready:
                 _, target = self.found.reshapes[label]
+                ins, outs = shapes[label]
                 try:
-                    axis, rewrite = decide(self.describe(label), target, sizes, shapes[label])
+                    axis, rewrite = decide(self.describe(label), target, sizes, ins,
+                                           contiguous=couples, outputs=outs)
                 except RowsMeet:
                     if not couples:
                         raise

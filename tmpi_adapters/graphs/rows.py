@@ -67,13 +67,20 @@ DRAW = "draw"
 SUM, MAX, MIN = "+sum", "+max", "+min"
 PARTIAL = (SUM, MAX, MIN)
 
-#: Ops (by class name) that work on each row of their inputs' axis 0 alone.
-ROW_OPS = {"Softmax", "SoftmaxWithBias", "LogSoftmax", "SoftmaxGrad", "LogSoftmaxGrad",
-           "CrossentropyCategorical1Hot", "CrossentropyCategorical1HotGrad",
-           "CrossentropySoftmaxArgmax1HotWithBias", "CrossentropySoftmax1HotWithBiasDx",
-           "Prepend_scalar_constant_to_each_row", "Prepend_scalar_to_each_row",
-           "Pool", "MaxPoolGrad", "AveragePoolGrad", "DownsampleFactorMaxGradGrad",
-           "DownsampleFactorMax", "BatchedDot"}
+#: Ops (by class name) that work on each row of their inputs' axis 0 alone:
+#: which of their inputs hold the rows (the others are parameters, sizes).
+ROW_OPS = {"Softmax": (0,), "SoftmaxWithBias": (0,), "LogSoftmax": (0,),
+           "SoftmaxGrad": (0, 1), "LogSoftmaxGrad": (0, 1),
+           "CrossentropyCategorical1Hot": (0, 1), "CrossentropyCategorical1HotGrad": (0, 1, 2),
+           "CrossentropySoftmaxArgmax1HotWithBias": (0, 2),
+           "CrossentropySoftmax1HotWithBiasDx": (0, 1, 2),
+           "Prepend_scalar_constant_to_each_row": (0,), "Prepend_scalar_to_each_row": (1,),
+           "Pool": (0,), "MaxPoolGrad": (0, 1, 2), "AveragePoolGrad": (0, 1),
+           "DownsampleFactorMaxGradGrad": (0, 1, 2), "DownsampleFactorMax": (0,),
+           "BatchedDot": (0, 1), "AbstractConv2d": (0,), "AbstractConv3d": (0,),
+           "AbstractConv": (0,), "ConvOp": (0,), "CorrMM": (0,), "Corr3dMM": (0,),
+           "AbstractConv2d_gradInputs": (1,), "AbstractConv3d_gradInputs": (1,),
+           "AbstractConv_gradInputs": (1,)}
 #: Ops whose one output is their first input (for the values tmpi reads).
 IDENTITIES = {"Rebroadcast", "ViewOp", "DeepCopyOp", "OutputGuard", "DisconnectedGrad", "GradClip", "GradScale", "ZeroGrad", "Assert",
               "HostFromGpu", "GpuFromHost", "GpuContiguous", "SpecifyShape",
@@ -211,7 +218,7 @@ class Rows:
     """
 
     def __init__(self, layout, convert=False, window=None, reshapes=None, rewrite=None,
-                 convs=True, local_rows=None, marks=None, gradients=None):
+                 convs=True, local_rows=None, marks=None, gradients=None, probe=False):
         import theano.tensor as T
         self.T = T
         self.layout = layout
@@ -231,6 +238,9 @@ class Rows:
         self.couplings = []
         #: reshapes whose rows neither the sizes nor ``reshapes`` decided
         self.undecided = []
+        #: such reshapes are assumed to keep the rows on axis 0 (a call will
+        #: decide before any split step runs), not made whole
+        self.probe = probe
         #: the node where a conversion was refused, and why
         self.refusal = None
         self._whole = {}
@@ -414,7 +424,7 @@ class Rows:
         return result
 
     # -- the rules ----------------------------------------------------------------------
-    def _rule(self, node, ins):
+    def _rule(self, node, ins, sized=True):
         from theano.tensor.elemwise import CAReduce, DimShuffle, Elemwise
         op = node.op
         name = type(op).__name__
@@ -422,8 +432,9 @@ class Rows:
             return self._expanded(node)
         if _is_random(node):
             return self._draw(node, ins)
-        if all(m is SAME or m == SHAPE or (isinstance(m, int) and v in self._sized)
-               for m, v in zip(ins, node.inputs)) and name not in ("Shape", "Shape_i"):
+        if sized and name not in ("Shape", "Shape_i") and all(
+                m is SAME or m == SHAPE or (isinstance(m, int) and v in self._sized)
+                for m, v in zip(ins, node.inputs)):
             return self._sizes_only(node, ins)
         if name in ("Shape", "Shape_i"):
             return self._shape(node, ins)
@@ -443,7 +454,7 @@ class Rows:
         rule = getattr(self, "_rule_" + name, None)
         if rule is not None:
             return rule(node, ins)
-        if name in ROW_OPS or name in CONVS or name in CONV_GRAD_INPUTS:
+        if name in ROW_OPS:
             return self._row_op(node, ins)
         if name in CONV_GRAD_WEIGHTS:
             return self._conv_weights(node, ins)
@@ -464,26 +475,29 @@ class Rows:
     def _sizes_only(self, node, ins):
         """A node that reads the batch's sizes only: a size (SHAPE), a value
         uniform along the rows (``ones_like(x)``, ``zeros((n, d))``), the
-        rows' positions (``arange(n)``), or anything else rebuilt whole."""
+        rows' positions (``arange(n)``), or anything else rebuilt whole.  Such
+        rows are made whole without a collective: rebuilt from the global sizes."""
         name = type(node.op).__name__
         inputs = [self.local(v) for v in node.inputs]
         if name == "Subtensor" and _keeps_rank_rows(self, node):
-            self._sized.discard(node.outputs[0])
             return [0], self._apply(node, inputs)
         if name == "ARange":
             return self._arange(node, ins)
         if name == "Subtensor" and ins[0] == SHAPE and _shape_entry(self, node) is False:
             return [SAME], self._apply(node, inputs)
+        if any(isinstance(m, int) for m in ins):
+            # Rows built from sizes, transformed: the ordinary rules, still sized.
+            marks, forms = self._rule(node, ins, sized=False)
+            for variable, mark in zip(node.outputs, marks):
+                if isinstance(mark, int):
+                    self._sized.add(variable)
+            return marks, forms
         marks = []
         for variable in node.outputs:
             axes = self.batch_axes(variable)
-            ndim = getattr(variable, "ndim", 0) or 0
-            if not axes and not any(isinstance(m, int) for m in ins):
+            if not axes:
                 marks.append(SHAPE)
-            elif len(axes) == 1 and _uniform_along_rows(node, ins):
-                marks.append(axes[0])
-                self._sized.add(variable)
-            elif len(axes) == 1 and ndim and name == "Elemwise":
+            elif len(axes) == 1 and name in ("Alloc", "AllocEmpty"):
                 marks.append(axes[0])
                 self._sized.add(variable)
             else:
@@ -517,13 +531,18 @@ class Rows:
         return [REPL], [self.global_value(out)]
 
     def _draw(self, node, ins):
-        """A random op: drawn alike on every rank from sizes, or refused."""
-        if any(isinstance(m, int) and v not in self._sized for m, v in zip(ins, node.inputs)) \
-                or any(m in PARTIAL or m == REPL for m in ins):
-            inputs = [self.replicated(v, node) for v in node.inputs]
-            return [REPL] * len(node.outputs), self._apply(node, inputs)
-        return [DRAW] * len(node.outputs), self._apply(node, [self.local(v)
-                                                              for v in node.inputs])
+        """A random op.  Drawn for the whole batch on every rank, as tmpi draws
+        (its size reads the :data:`NOISE_WINDOW`): the one-process draw,
+        whole; drawn from the batch's values or shaped like a rank's rows
+        some other way: :data:`DRAW`, refused where it is used."""
+        from theano.gof.graph import inputs as graph_inputs
+        window = any(getattr(v, "name", None) == NOISE_WINDOW
+                     for v in graph_inputs(list(node.inputs)))
+        local = self._apply(node, [self.local(v) for v in node.inputs])
+        if window and not any(isinstance(m, int) and v not in self._sized or m in PARTIAL
+                              for m, v in zip(ins, node.inputs)):
+            return [REPL] * len(node.outputs), local
+        return [DRAW] * len(node.outputs), local
 
     # Elementwise ------------------------------------------------------------------------
     def _elemwise(self, node, ins):
@@ -726,15 +745,17 @@ class Rows:
     def _row_op(self, node, ins):
         """Ops that work on each row of axis 0 alone (softmax, convolutions, pooling)."""
         name = type(node.op).__name__
+        carry = ROW_OPS[name]
         rows = [m for m in ins if isinstance(m, int)]
-        if not rows or set(rows) != {0} or any(m in PARTIAL for m in ins):
-            if name in CONVS and ins[0] == 1 and len(ins) > 1 and ins[1] == 1:
-                return self._conv_weights(node, ins)  # ConvOp on dimshuffled rows: a product
+        if name in CONVS and ins[0] == 1 and len(ins) > 1 and ins[1] == 1:
+            return self._conv_weights(node, ins)  # ConvOp on dimshuffled rows: a product
+        if not rows or set(rows) != {0} or any(isinstance(ins[i], int) for i in range(len(ins))
+                                               if i not in carry):
             return self._whole_inputs(node, ins)
         inputs = []
-        for m, v in zip(ins, node.inputs):
-            if m == 0:
-                inputs.append(self.local(v))
+        for i, (m, v) in enumerate(zip(ins, node.inputs)):
+            if i in carry:
+                inputs.append(self.rows_of(v, 0))
             else:
                 inputs.append(self.replicated(v, node))
         op = self._conv_op(node)
@@ -768,9 +789,10 @@ class Rows:
         from theano.tensor.subtensor import get_idx_list
         k = ins[0]
         source = node.inputs[0]
+        if _keeps_rank_rows(self, node):
+            # A draw made for the whole batch: this rank keeps its own rows.
+            return [0], self._apply(node, [self.local(v) for v in node.inputs])
         if k == DRAW:
-            if _keeps_rank_rows(self, node):
-                return [0], self._apply(node, [self.local(v) for v in node.inputs])
             raise Refusal(node, "a random draw shaped like the batch's rows, sliced")
         if k == SHAPE:
             entry = _shape_entry(self, node)
@@ -889,7 +911,7 @@ class Rows:
             decided = _reshaped_axis(self, node, k)
             if decided is None:
                 self.undecided.append(node)
-                decided = MIXED
+                decided = 0 if self.probe and self.convert else MIXED
         if not isinstance(decided, int):
             return self._whole_inputs(node, ins, "a reshape that moves rows across the ranks' "
                                                  "shares")
@@ -1055,20 +1077,6 @@ def _linear(rows, node, ins):
     return None
 
 
-def _uniform_along_rows(node, ins):
-    """True for a sizes-only op whose output is the same for every row."""
-    from theano import scalar
-    from theano.tensor.elemwise import DimShuffle, Elemwise
-    name = type(node.op).__name__
-    if name in ("Alloc", "AllocEmpty", "Rebroadcast", "SpecifyShape"):
-        return all(not isinstance(m, int) for m in ins[:1])
-    if isinstance(node.op, DimShuffle):
-        return True
-    if isinstance(node.op, Elemwise):
-        return isinstance(node.op.scalar_op, scalar.Second) or True
-    return False
-
-
 def _shape_entry(rows, node):
     """For ``shape(x)[j]`` (through casts): ``True`` when entry ``j`` is the
     batch's length, ``False`` when it is another axis', ``None`` unknown."""
@@ -1139,12 +1147,12 @@ def _reshaped_axis(rows, node, k):
     after = layout.resolve_vector(node.inputs[1])
     if after is None or k >= len(before):
         return None
-    batch = before[k]
     head = before[:k]
-    # The rows stay an axis of their own: the same axes before them, then the rows.
+    # The rows (axis k, proven) land on an axis as long as the batch, with the
+    # same axes before them: each rank's rows are the same block of the
+    # flattened value on both sides.
     for j, size in enumerate(after):
-        if isinstance(size, tuple) and layout.is_batch_size(size) and \
-                layout.is_batch_size(batch):
+        if isinstance(size, tuple) and layout.is_batch_size(size):
             if list(after[:j]) == list(head) and all(s is not None and s != -1 for s in head):
                 return j
     # (-1, *tail): the rows (and the axes after them up to the tail) merged in axis 0.

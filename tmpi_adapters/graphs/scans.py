@@ -58,6 +58,9 @@ def read_scan(rows, node, ins):
         m = mark[v]
         start[v] = REPL if m in PARTIAL or m == SHAPE else m
     zero = {v: rows._is_zero(v) for v, _ in states}
+    for v, _ in states:
+        if zero[v] and start[v] is SAME:
+            start[v] = SUM      # most likely a gradient summed over the steps; else read again
     order = list(seqs) + [v for v, taps in states for _ in range(taps)] + list(shared) + \
         list(non_seqs)
     for _ in range(_ROUNDS):
@@ -68,7 +71,7 @@ def read_scan(rows, node, ins):
         outs = _state_outputs(op, inner)
         changed = False
         for (v, _), found in zip(states, outs):
-            if found == MIXED or any(m == MIXED for m in found if m is not None):
+            if any(m == MIXED for m in found):
                 return None
             settled = _settle(start[v], found, zero[v])
             if settled is None:
@@ -131,6 +134,8 @@ def _settle(assumed, found, zero):
         return m               # a whole initial value, cut to the rows or kept whole
     if assumed == REPL and m is SAME:
         return REPL
+    if assumed == SUM and zero and (m is SAME or isinstance(m, int)):
+        return m               # zeros that stay whole, or become rows
     return None
 
 

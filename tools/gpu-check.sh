@@ -6,20 +6,29 @@
 # 1. the device benchmark, `tmpi bench --parts device --quick`, from a cold Theano cache
 #    (its JSON: $OUT/bench-device-quick.json; stopped after BENCH_TIMEOUT seconds, it
 #    still writes what it measured);
-# 2. the suite's device tests, tests/test_gpu.py, at TMPI_TEST_DEVICE=$DEVICE (stopped
-#    after TESTS_TIMEOUT seconds).
+# 2. the suite's device tests, tests/test_gpu.py, at TMPI_TEST_DEVICE=$DEVICE, in the time
+#    left of BUDGET (each test's outcome is in the log as it ends, so a run cut short still
+#    says which passed).
 # Every log lands in $OUT (default: gpu-check/), with summary.txt, which is also printed.
 #
 #   DEVICE        cuda0 (default), or opencl0:0: the OpenCL device `make gpu` sets up on
 #                 the CPU (its flags file keeps the ops pocl cannot run on the host)
-#   BENCH_TIMEOUT 180 s;  TESTS_TIMEOUT 240 s;  WORKERS 4 (pytest-xdist workers)
+#   BUDGET        420 s for this script (set-up before it takes 35-50 s on a GPU machine)
+#   BENCH_TIMEOUT 180 s;  TESTS_TIMEOUT what BUDGET leaves (at least 60 s);  WORKERS 4
+#   TESTS         a pytest -k expression: some of the device tests only
+#   BENCH_ARGS    more options for tmpi bench (--device-batch-size 256, --steps 20, ...)
+#
+# The device tests train on scikit-learn's digits: a .gpu/ packed without it can take its
+# wheels (11 MB; .gpu/setup unpacks every wheel in .gpu/wheels into the venv):
+#   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -c constraints.txt \
+#       -d .gpu/wheels scikit-learn joblib threadpoolctl
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-check}
 mkdir -p "$out"
 device=${DEVICE:-cuda0}
+budget=${BUDGET:-420}
 bench_timeout=${BENCH_TIMEOUT:-180}
-tests_timeout=${TESTS_TIMEOUT:-240}
 workers=${WORKERS:-4}
 venv=${VENV:-.venv}
 py=$venv/bin/python
@@ -62,7 +71,8 @@ say "$(tail -1 "$out/device.log") (exit $status, ${seconds} s)"
 
 # 1. The device benchmark, first: its Theano cache is still cold.
 read -r status seconds < <(THEANO_FLAGS=$bench_flags bounded "$out/bench.log" "$bench_timeout" \
-    "$venv/bin/tmpi" bench --parts device --quick --no-progress --json "$out/bench-device-quick.json")
+    "$venv/bin/tmpi" bench --parts device --quick --no-progress ${BENCH_ARGS:-} \
+    --json "$out/bench-device-quick.json")
 say "tmpi bench --parts device --quick: exit $status in ${seconds} s (limit ${bench_timeout} s)"
 grep -E '^(device:|tmpi bench:|tmpi: error)' "$out/bench.log" | sed 's/^/  /' | tee -a "$summary"
 if [ -f "$out/bench-device-quick.json" ]; then
@@ -83,10 +93,16 @@ PY
 fi
 
 # 2. The device tests (the CPU-only ones in the file run too: a few seconds).
+"$py" -c "import sklearn" 2> /dev/null ||
+    say "no scikit-learn in $venv: the tests that train on its digits fail at once (ModuleNotFoundError)"
+tests_timeout=${TESTS_TIMEOUT:-$((budget - SECONDS > 60 ? budget - SECONDS : 60))}
 read -r status seconds < <(TMPI_TEST_DEVICE=$device THEANO_FLAGS=$test_flags \
-    bounded "$out/tests.log" "$tests_timeout" "$py" -m pytest -q -rs -p no:cacheprovider \
-    -n "$workers" --dist load --durations=15 --junitxml="$out/tests.xml" tests/test_gpu.py)
+    bounded "$out/tests.log" "$tests_timeout" "$py" -m pytest -v -rs -p no:cacheprovider \
+    -n "$workers" --dist load --durations=15 --junitxml="$out/tests.xml" ${TESTS:+-k "$TESTS"} \
+    tests/test_gpu.py)
 say "tests/test_gpu.py at TMPI_TEST_DEVICE=$device: exit $status in ${seconds} s (limit ${tests_timeout} s)"
-grep -E '^(SKIPPED|FAILED|ERROR)|(passed|failed|error|skipped)( |,|$)' "$out/tests.log" | tail -15 \
-    | sed 's/^/  /' | tee -a "$summary"
+# Outcomes as the tests ended (whatever the end), then pytest's own closing lines.
+{ grep -oE '\] (PASSED|FAILED|ERROR|SKIPPED) ' "$out/tests.log" | sort | uniq -c
+  grep -E '^(FAILED|ERROR|SKIPPED) |^=+ .*(passed|failed|error).* =+$' "$out/tests.log"; } \
+    | sed 's/^ */  /' | tee -a "$summary"
 say "logs in $out: summary.txt device.log bench.log bench-device-quick.json tests.log tests.xml"

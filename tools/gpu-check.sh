@@ -102,7 +102,7 @@ read -r status seconds < <(TMPI_TEST_DEVICE=$device THEANO_FLAGS=$test_flags \
     tests/test_gpu.py)
 say "tests/test_gpu.py at TMPI_TEST_DEVICE=$device: exit $status in ${seconds} s (limit ${tests_timeout} s)"
 # Outcomes as the tests ended (whatever the end), then pytest's own closing lines.
-{ grep -oE '\] (PASSED|FAILED|ERROR|SKIPPED) ' "$out/tests.log" | sort | uniq -c
+{ grep -oE '\] (PASSED|FAILED|ERROR|SKIPPED) ' "$out/tests.log" | cut -c3- | sort | uniq -c
   grep -E '^(FAILED|ERROR|SKIPPED) |^=+ .*(passed|failed|error).* =+$' "$out/tests.log"; } \
     | sed 's/^ */  /' | tee -a "$summary"
 say "logs in $out: summary.txt device.log bench.log bench-device-quick.json tests.log tests.xml"

@@ -63,6 +63,8 @@ class Layout:
         self._names = {}
         self.sizes = {}
         self.time = set()
+        #: axis symbols looked up by index (``table[idx]``): a lookup table's, not rows
+        self.tables = set()
         self.problem = None
         roots = [v for v in list(graph) + list(costs) + list(counts) if v is not None]
         self.nodes = _toposort(roots)
@@ -265,6 +267,8 @@ class Layout:
                 axes[id(variable)] = axis
                 if axis is not None:
                     batch.add(self._find(syms[axis]))
+            elif ndim >= 1 and self._only_a_table(variable):
+                axes[id(variable)] = None
             else:
                 axes[id(variable)] = 0 if ndim >= 1 else None
         # Inputs without evidence of their own take it from the inputs they
@@ -277,6 +281,18 @@ class Layout:
         if problems:
             self.problem = "; ".join(problems)
         return axes
+
+    def _only_a_table(self, variable):
+        """True for an input whose axis 0 the graph only looks up by index
+        (class weights ``w[y]``) and ties to no other input's axis: however
+        long it is, it carries no rows."""
+        tables = {self._find(t) for t in self.tables if isinstance(t, tuple)}
+        first = self._find((id(variable), 0))
+        if first not in tables:
+            return False
+        return not any(self._find((id(other), k)) == first for other in self.data
+                       if other is not variable
+                       for k in range(getattr(other, "ndim", 0) or 0))
 
     def axis(self, variable):
         """The batch axis of data ``variable`` (``None``: it carries none)."""

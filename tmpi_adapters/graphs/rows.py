@@ -339,6 +339,8 @@ class Rows:
             return self.global_value(variable)
         if not self.convert:
             raise _Strict()
+        if isinstance(mark, int) and self._is_zero(variable):
+            return self._zeros(variable, mark)
         if mark == DRAW or mark == MIXED:
             raise Refusal(node, "a random draw shaped like the batch's rows that is not drawn "
                                 "for the whole batch")
@@ -355,6 +357,29 @@ class Rows:
         self.couplings.append(request.coupling)
         self._whole[key] = output
         return output
+
+    def _zeros(self, variable, axis):
+        """Zeros shaped like the whole of rows ``variable`` (``zeros_like(h)`` in a
+        gradient): built from the global sizes, nothing gathered."""
+        if (variable, "zeros") not in self._cut:
+            local = self.local(variable)
+            shape = [self.global_length(variable, k) if k == axis else local.shape[k]
+                     for k in range(variable.ndim)]
+            zeros = self.T.zeros(shape, dtype=variable.dtype)
+            self._cut[(variable, "zeros")] = self.T.patternbroadcast(zeros,
+                                                                     variable.broadcastable)
+        return self._cut[(variable, "zeros")]
+
+    def _partial_or_zero(self, variable):
+        """A linear op's input: a partial sum as it is, a zero made whole (a
+        zero as long as the batch's rows is rebuilt from the global sizes),
+        else ``None``."""
+        mark = self(variable)
+        if mark == SUM:
+            return self.local(variable)
+        if self._is_zero(variable) and (mark is SAME or isinstance(mark, int)):
+            return self.replicated(variable)
+        return None
 
     def rows_of(self, variable, axis):
         """``variable``'s rows ``[lo, hi)`` along ``axis`` (a form of the
@@ -590,6 +615,9 @@ class Rows:
                 return [shape], self._apply(node, [self.local(a), self.rows_of(b, shape)])
             return [shape], self._apply(node, [self.local(a), self.replicated(b, node)])
         # The shape of a partial, whole or size value is the same on every rank.
+        if value is SAME and a.ndim == 0:
+            # (fill(cost, 1), the seed of every gradient: nothing waits for the cost.)
+            return [SAME], [_like(self.T.as_tensor_variable(self.local(b)), node.outputs[0])]
         if value is SAME:
             return [SAME], self._apply(node, [self.local(a), self.local(b)])
         if value in PARTIAL and value == SUM:
@@ -834,9 +862,10 @@ class Rows:
                             (y.ndim <= sub or y.broadcastable[sub]):
                         return [k], self._apply(node, [self.local(x),
                                                        self.replicated(y, node)] + indices)
-            if (mx == SUM or self._is_zero(x)) and (my == SUM or self._is_zero(y)) \
-                    and SUM in (mx, my):
-                return [SUM], self._apply(node, [self.local(x), self.local(y)] + indices)
+            if SUM in (mx, my) and self.convert:
+                parts = [self._partial_or_zero(x), self._partial_or_zero(y)]
+                if None not in parts:
+                    return [SUM], self._apply(node, parts + indices)
         return self._whole_inputs(node, ins)
 
     def _rule_AdvancedSubtensor1(self, node, ins):
@@ -853,7 +882,7 @@ class Rows:
     def _rule_AdvancedIncSubtensor1(self, node, ins):
         x, y, index = node.inputs
         mx, my, mi = ins
-        if not node.op.set_instead_of_inc and (mx == SUM or self._is_zero(x)):
+        if not node.op.set_instead_of_inc and (mx == SUM or mx is SAME and self._is_zero(x)):
             if my == 0 and mi == 0:
                 # A scatter-add of each rank's rows (an embedding's gradient): partial sums.
                 return [SUM], self._apply(node, [self.local(x), self.local(y), self.local(index)])

@@ -41,6 +41,8 @@ def node_sizes(layout, node):
     if isinstance(op, IncSubtensor):
         return [ins[0]]
     if isinstance(op, AdvancedSubtensor1):
+        # ``table[idx]``: the table's axis 0 is looked up, not the rows of a batch.
+        layout.tables.add(ins[0][0] if ins[0] else None)
         return [(ins[1][0],) + tuple(ins[0][1:])]
     if isinstance(op, Reshape):
         vector = layout.resolve_vector(node.inputs[1])
@@ -49,6 +51,10 @@ def node_sizes(layout, node):
         return [tuple(None if v == -1 else v for v in vector)]
     if isinstance(op, Scan):
         return _scan_sizes(layout, node, ins)
+    if type(op).__name__ == "ARange":
+        start, stop, step = node.inputs
+        if _constant(start) == 0 and _constant(step) == 1:
+            return [(layout.resolve(stop),)]
     return _inferred_sizes(layout, node, ins)
 
 

@@ -1,0 +1,81 @@
+"""Steps whose rows meet give the one-process numbers on N ranks, with collectives in the step.
+
+The generated cases of ``scripts/batch_coupling.py`` (every common way a
+training step ties the rows of a batch together: reductions, batch
+statistics, rows picked by index, products over the rows, sorts, scans over
+rows, values as long as the batch that are not split, values the updates
+read), trained with SGD, momentum and Adam on 1, 2 and 3 ranks, with batch
+sizes the ranks do not divide, a short last batch, and a last batch with
+fewer rows than ranks.  Every case must equal the one-process run to 1e-10
+(NaN where one process gets NaN), never a different number with exit 0.
+"""
+import math
+
+import pytest
+
+from conftest import SCRIPTS, check, rank_env, tmpi
+
+COUPLING = SCRIPTS / "batch_coupling.py"
+
+
+def python_env():
+    """float64, pure-Python Theano: these small graphs compile in seconds that way."""
+    env = rank_env()
+    env["THEANO_FLAGS"] += ",cxx="
+    return env
+
+
+def cases(stdout):
+    found = {}
+    for line in stdout.splitlines():
+        head, _, rest = line.partition(" ")
+        if head in ("final", "error"):
+            case, _, value = rest.partition(" ")
+            found[case] = (head, value)
+    return found
+
+
+def same(a, b):
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= 1e-10 * max(abs(a), abs(b), 1e-300)
+
+
+@pytest.fixture(scope="module", params=[10, 4], ids=["batch10", "batch4"])
+def one_rank(request):
+    batch = request.param
+    result = check(tmpi("wrap", "-n", "1", "--framework", "theano", COUPLING, str(batch),
+                        env=python_env()))
+    found = cases(result.stdout)
+    assert len(found) == 35 and all(head == "final" for head, _ in found.values()), found
+    return batch, found
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_every_way_rows_meet_gives_the_one_process_numbers(one_rank, ranks):
+    batch, expected = one_rank
+    result = check(tmpi("wrap", "-n", str(ranks), "--framework", "theano", COUPLING,
+                        str(batch), env=python_env()))
+    found = cases(result.stdout)
+    assert set(found) == set(expected)
+    wrong = []
+    for case, (head, value) in sorted(found.items()):
+        assert head == "final", (ranks, case, value)
+        got = [float(v) for v in value.split()]
+        want = [float(v) for v in expected[case][1].split()]
+        if len(got) != len(want) or not all(same(a, b) for a, b in zip(got, want)):
+            wrong.append((case, got, want))
+    assert not wrong, wrong
+    # The end-of-run lines name what was made whole, and where.
+    assert "where the batch's rows meet" in result.stdout
+    assert "batch_coupling.py:" in result.stdout
+
+
+@pytest.mark.mpi
+def test_a_step_whose_rows_meet_nowhere_keeps_one_collective():
+    result = check(tmpi("wrap", "-n", "2", "--framework", "theano", COUPLING, "10", "mean",
+                        "sum", "constant_batch_size", "adaptive_rate", "row_weights_shared",
+                        "per_row_norm", "dataset_normalisation", env=python_env()))
+    assert "; 1 collective per step" in result.stdout, result.stdout[-2000:]
+    assert "where the batch's rows meet" not in result.stdout

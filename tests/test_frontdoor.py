@@ -134,6 +134,31 @@ def test_arguments_exit_status_sys_path_and_threads_are_as_under_python():
     assert re.search(r"; \d+ BLAS threads? per rank$", one.stdout, re.M), one.stdout
 
 
+ARGV0 = """\
+import json, sys
+import theano
+print("argv0 " + json.dumps({"argv0": sys.argv[0], "file": __file__, "name": __name__}))
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("typed", ["argv0.py", "./argv0.py", "here/argv0.py"])
+def test_sys_argv0_is_the_script_as_typed_as_under_python(tmp_path, typed):
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "argv0.py").write_text(ARGV0)
+    cwd = tmp_path if typed.startswith("here/") else tmp_path / "here"
+
+    def seen(result):
+        [line] = [line for line in check(result).stdout.splitlines() if line.startswith("argv0 ")]
+        return json.loads(line[len("argv0 "):])
+    plain = seen(run([sys.executable, typed], env=pure_env(), cwd=cwd))
+    assert plain["argv0"] == typed and plain["name"] == "__main__"
+    assert os.path.isabs(plain["file"]) and \
+        os.path.samefile(plain["file"], tmp_path / "here" / "argv0.py")
+    for ranks in ("1", "2"):
+        assert seen(run([TMPI, "wrap", "-n", ranks, typed], env=pure_env(), cwd=cwd)) == plain
+
+
 PACKAGE = {
     "__init__.py": "",
     "model.py": '''
@@ -251,6 +276,32 @@ def test_stopping_tmpi_stops_every_rank_and_leaves_no_job_directory(tmp_path, si
     assert sorted(os.listdir(temporary)) == ["tmpi-job-running"]
     left = subprocess.run(["pgrep", "-f", "%s --forever" % PROBE], capture_output=True)
     assert left.stdout == b""
+
+
+@pytest.mark.mpi
+def test_a_job_started_with_sigint_ignored_ignores_it_everywhere():
+    """As a shell script, a batch system or CI starts background jobs: SIGINT
+    to the caller's process group, while the ranks import and compile, is
+    ignored by the whole job (hydra's mpiexec would act on it, and the ranks
+    it starts would not inherit the ignoring)."""
+    import time
+    process = subprocess.Popen(
+        [TMPI, "wrap", "-n", "2", SCRIPTS / "reliability_restart.py", "3000"], env=pure_env(),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        for delay in (1.5, 1.5, 1.5):  # starting, importing Theano, compiling
+            time.sleep(delay)
+            os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert process.returncode == 0, stderr[-3000:]
+    assert "final params" in stdout and "interrupted" not in stderr, stderr[-3000:]
+    assert "Ctrl-C" not in stderr, stderr[-3000:]  # mpiexec never saw it
 
 
 def test_nan_is_left_to_the_scripts_own_safety_net_by_default():

@@ -10,6 +10,7 @@ the next launch.
 """
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from tmpi_adapters.launch.signals import Preemption, stopped_by_signals
 from tmpi_adapters.launch.relay import OutputRelay
 from tmpi_adapters.launch.watch import JobWatch
 from tmpi_adapters.reliability import preemption
+from tmpi_adapters.reliability.preemption import IGNORE_SIGINT_ENV
 
 #: Environment variables set by MPI launchers in each rank they start.
 RANK_ENV = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
@@ -269,10 +271,18 @@ def start_job(target, script_args, options, n, mpiexec=None, mpiexec_args=(),
                 relay = OutputRelay(directory, n)
             except OSError:
                 relay = None  # no pipes here: the ranks prefix their own lines
+        # Started with SIGINT ignored (in the background, by a batch system or
+        # CI), the whole job ignores it: mpiexec, which would act on it
+        # whatever it inherited, in a process group of its own, out of reach
+        # of a SIGINT to this one's; the ranks, whose launcher resets it, told.
+        ignore_sigint = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        if ignore_sigint:
+            env[IGNORE_SIGINT_ENV] = "1"
         try:
             process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE,
-                                       preexec_fn=die_with(os.getpid()))
+                                       preexec_fn=die_with(os.getpid()),
+                                       process_group=0 if ignore_sigint else None)
         except OSError as exc:
             if channel is not None:
                 channel.close()

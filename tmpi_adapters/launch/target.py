@@ -3,10 +3,13 @@
 tmpi reads from its text before it runs (its framework, a decorator's
 arguments).
 """
+import builtins
 import contextlib
+import io
 import os
 import runpy
 import sys
+import types
 
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.options import Options
@@ -242,10 +245,32 @@ def run_target(target):
         if kind == "module":
             runpy.run_module(name, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(os.path.abspath(name), run_name="__main__")
+            run_script(name)
     except SystemExit as exit_:
         return exit_
     return None
+
+
+def run_script(name):
+    """Run the script ``name`` as ``python name`` does: as ``__main__``, its
+    ``__file__`` absolute, ``sys.argv[0]`` left as typed (``runpy.run_path``
+    would put the path it was given there)."""
+    # As python makes it absolute: joined to the working directory, as it is.
+    path = name if os.path.isabs(name) else os.path.join(os.getcwd(), name)
+    with io.open_code(path) as handle:
+        code = compile(handle.read(), path, "exec", dont_inherit=True)
+    from importlib.machinery import SourceFileLoader
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                         __loader__=SourceFileLoader("__main__", path),
+                         __builtins__=builtins)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
 
 
 def parse_argv(argv):

@@ -36,6 +36,11 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: Slurm's ``KillWait`` (30 s by default), after which SIGKILL comes.
 GRACE = 20.0
 
+#: Set in the ranks' environment when ``tmpi wrap`` was started with SIGINT
+#: ignored (in the background, by a batch system): the ranks ignore it too,
+#: as they would have inherited (an MPI launcher resets it).
+IGNORE_SIGINT_ENV = "TMPI_IGNORE_SIGINT"
+
 #: The name of the signal that asked this rank to stop (``"SIGTERM"``), or
 #: ``None``; read once per call by the checkpointer.
 requested = None
@@ -59,7 +64,13 @@ def wanted(options):
 
 def install(options):
     """Note SIGTERM and SIGUSR1 (:data:`requested`) instead of dying, when
-    :func:`wanted`; a signal the process ignores (``nohup``) stays ignored."""
+    :func:`wanted`; a signal the process ignores (``nohup``) stays ignored,
+    and so does SIGINT where ``tmpi wrap`` ignored it (:data:`IGNORE_SIGINT_ENV`)."""
+    if os.environ.get(IGNORE_SIGINT_ENV) == "1":
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            pass
     if not wanted(options):
         return
     for number in SIGNALS:

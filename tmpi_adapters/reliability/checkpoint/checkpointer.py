@@ -38,6 +38,7 @@ from tmpi_adapters.process.jobdir import (PROGRESS_FILE_ENV, Progress, job_dir, 
 from tmpi_adapters.process.output import report
 from tmpi_adapters.pluginmanager import hookimpl
 from tmpi_adapters.reliability import preemption
+from tmpi_adapters.reliability.checkpoint import lock
 from tmpi_adapters.reliability.checkpoint.calllog import CallLog, fingerprint
 from tmpi_adapters.reliability.checkpoint.fileformat import NAME, encode, remove_stale_partials
 from tmpi_adapters.reliability.checkpoint.policy import Policy
@@ -89,6 +90,7 @@ class Checkpointer:
         #: Rank 0's training step for ``tmpi wrap`` (restarts count from it).
         self.progress = None
         self.stopped = None  # the report of a preemption, once written
+        self.lock = None  # the directory's lock, held by rank 0 while it runs
         self._answer = None
 
     # -- lifecycle -----------------------------------------------------------------
@@ -109,6 +111,8 @@ class Checkpointer:
                 raise CheckpointError("cannot write to --checkpoint-dir %s: %s. Pass a "
                                       "directory this user may write to."
                                       % (self.directory, exc.strerror or exc))
+            # One job at a time writes here; held until this process ends.
+            self.lock = lock.hold(self.directory, self.session.script)
             remove_stale_partials(self.directory)
             if job_dir():
                 self.progress = Progress(job_dir())
@@ -138,6 +142,8 @@ class Checkpointer:
                 self.write("end")
         finally:
             self.generators.uninstall()
+            lock.release(self.lock)
+            self.lock = None
 
     # -- every call -------------------------------------------------------------------
     @hookimpl(wrapper=True)

@@ -89,13 +89,25 @@ class Replay:
         return replay
 
     def check_run(self, session, settings=None):
-        """Refuse a checkpoint of another rule or scaling mode, of other script
-        arguments (unless ``--allow-new-arguments``) or of a run that finished
-        with these (:class:`FinishedRunError`); warn of another script."""
+        """Refuse a checkpoint of another script or other script arguments
+        (unless ``--allow-new-arguments``: then another script is warned of),
+        of another rule or scaling mode, or of a run that finished with these
+        (:class:`FinishedRunError`)."""
         options, state, path = session.options, self.state, self.path
         arguments, saved = list(sys.argv[1:]), state.get("arguments")
-        if saved is not None and list(saved) != arguments and \
-                not getattr(settings, "allow_new_arguments", False):
+        allow = getattr(settings, "allow_new_arguments", False)
+        script = os.path.basename(session.script or "")
+        if state["script"] and script and state["script"] != script:
+            if not allow:
+                # Another script's checkpoint: its arguments say nothing here.
+                raise CheckpointError(
+                    "checkpoint %s was written by a run of %s, and this run is %s: resume "
+                    "continues a run of the same script. Give each script a --checkpoint-dir "
+                    "of its own (or, if %s is %s renamed, pass --allow-new-arguments)."
+                    % (path, state["script"], script, script, state["script"]))
+            session.print("tmpi: warning: checkpoint %s was written by %s, this run "
+                          "is %s." % (path, state["script"], script))
+        if saved is not None and list(saved) != arguments and not allow:
             raise CheckpointError(
                 "checkpoint %s was written by a run with the script arguments %s; this run "
                 "has %s. Resume replays the script's first calls, so it needs the same "
@@ -124,10 +136,6 @@ class Replay:
         if options.scaling == "weak" or state.get("scaling") == "weak":
             raise ConfigError("--resume needs --scaling strong: with weak scaling the global "
                               "batch depends on the rank count and the call grouping.")
-        script = os.path.basename(session.script or "")
-        if state["script"] and script and state["script"] != script:
-            session.print("tmpi: warning: checkpoint %s was written by %s, this run "
-                          "is %s." % (path, state["script"], script))
 
     # -- the replayed calls ------------------------------------------------------------------
     def check_call(self, call, index):

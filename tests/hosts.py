@@ -18,7 +18,8 @@ Nothing extra is needed in mpiexec's environment: hydra enters a host with
 ``-launcher ssh -launcher-exec tools/emulated-hosts``, its proxies reach the
 mpiexec here by this machine's hostname (which resolves to the bridge inside
 the hosts), and MPICH's UCX netmod sees ranks on other hosts as other nodes
-and talks TCP to them.
+and talks TCP to them over their links (tests/test_hosts.py checks that the
+bytes cross them).
 """
 import os
 import shutil
@@ -159,6 +160,12 @@ class EmulatedHosts:
         processes are killed (their connections close, so the other hosts and
         hydra see it at once), then it goes offline."""
         _tool("halt", name)
+
+    def link_bytes(self, name):
+        """Bytes host ``name`` has sent over its link so far (what this
+        machine's end of its veth pair received)."""
+        with open("/sys/class/net/veth-%s/statistics/rx_bytes" % name) as handle:
+            return int(handle.read())
 
     def host_path(self, name, path):
         """Where this machine sees ``path`` of host ``name``: a path under ``/tmp``

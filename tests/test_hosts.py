@@ -100,6 +100,62 @@ def test_harness_three_hosts_and_an_uneven_placement(hosts):
     assert {s["sum"] for s in seen.values()} == {6}
 
 
+#: 4 allreduces of 25 MB among 2 hosts x 2 ranks, and where MPI saw each rank.
+TRAFFIC = """\
+import json
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+mine, total = np.ones(25 * 2 ** 20 // 8), np.empty(25 * 2 ** 20 // 8)
+for _ in range(4):
+    comm.Allreduce(mine, total)
+seen = comm.gather({"rank": comm.rank, "node": MPI.Get_processor_name(), "shared": node.size,
+                    "sum": float(total[0])})
+if comm.rank == 0:
+    print(json.dumps(seen), flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_harness_mpi_traffic_between_hosts_crosses_their_links(hosts):
+    """Each host is a node of its own to MPI: shared memory among the ranks
+    of a host only, and the bytes between hosts go over their links (which
+    is what makes a link cut or slowed a test of anything).  Where MPI runs
+    on UCX, UCX says so too: inter-node protocols over TCP on eth0."""
+    first, second = hosts.names[:2]
+    before = {name: hosts.link_bytes(name) for name in (first, second)}
+    result = check(run([MPIEXEC, "-n", "4"] + hosts.mpiexec_args(2, 2) +
+                       [sys.executable, "-c", TRAFFIC],
+                       env=rank_env(UCX_PROTO_INFO="y"), timeout=120))
+    sent = {name: hosts.link_bytes(name) - before[name] for name in (first, second)}
+    [seen] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[{")]
+    assert [(s["node"], s["shared"], s["sum"]) for s in seen] == \
+        [(first, 2, 4.0)] * 2 + [(second, 2, 4.0)] * 2, seen
+    # A ring or tree allreduce sends each host's half out at least once per call.
+    print("bytes sent over the links: %s" % sent)
+    assert all(bytes_ >= 4 * 25 * 2 ** 20 // 2 for bytes_ in sent.values()), sent
+    said = result.stdout + result.stderr
+    if "ucp_context" in said:
+        assert ucx_transports(said, "inter-node") == {"tcp/eth0"}, said[-3000:]
+        assert ucx_transports(said, "intra-node") <= {"sysv/memory", "cma/memory",
+                                                      "posix/memory", "tcp/lo"}
+
+
+def ucx_transports(text, scope):
+    """The transports UCX_PROTO_INFO's tables name for ``scope``
+    (``inter-node``, ``intra-node``) in ``text``."""
+    found, inside = set(), False
+    for line in text.splitlines():
+        if "ucp_context" in line:
+            inside = " %s cfg#" % scope in line
+        elif inside:
+            match = re.search(r"\|\s*(\w+/\w+)\s*\|\s*$", line)
+            if match:
+                found.add(match.group(1))
+    return found
+
+
 def test_harness_enters_a_host_as_ssh_would(hosts):
     tool = hosts.launcher_exec
     # hydra's call: ssh's options, the host, the words of a command line.

@@ -83,10 +83,9 @@ class CoupledStep:
         if mark == SUM and options.outputs == "local":
             # Each rank's own value: its part scaled up to the whole batch's size.
             self.kinds.append(None)
-            lo, hi, total = rows.window[0], rows.window[1], rows.window[2]
+            total, rows_here = rows.window[2], rows.window[3]
             local = rows.local(output)
-            scale = rows.T.cast(total, local.dtype) / rows.T.cast(rows.T.maximum(hi - lo, 1),
-                                                                  local.dtype)
+            scale = rows.T.cast(total, local.dtype) / rows.T.cast(rows_here, local.dtype)
             return rows.T.cast(local * scale, local.dtype)
         if mark in (MAX, MIN):
             self.kinds.append(None if options.outputs == "local" else mark[1:])
@@ -190,21 +189,6 @@ class CoupledStep:
     def collectives(self):
         """Collectives per step: the exchange and the levels of couplings."""
         return 1 + len(self.levels)
-
-    def describe(self):
-        """The end-of-run words for the step's collectives, or ``None``
-        where the exchange is all: ``"train_fn#0: 3 collectives per step:
-        the exchange + 2 where the batch's rows meet: a sum over the rows
-        (Sum of Elemwise) (train.py:14); ..."``."""
-        if not self.levels:
-            return None
-        made = [text for level in self.levels for text in level]
-        shown = "; ".join(made[:3]) + ("; ..." if len(made) > 3 else "")
-        return ("%s: %d collectives per step: the exchange + %d where the batch's rows meet "
-                "(%d value%s made whole: %s)" % (
-                    self.key, self.collectives, len(self.levels), len(made),
-                    "" if len(made) == 1 else "s", shown))
-
 
 def _describe(rows, request):
     if request.coupling is not None:

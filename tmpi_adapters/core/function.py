@@ -169,7 +169,7 @@ class DistributedFunction:
             weight = rows or 1
             if self.coupled and session.size > 1:
                 # Every rank runs the whole call: rank 0's parts stand for all.
-                session.set_rows(0, 1, 1)
+                session.set_rows(0, 1, 1, whole=True)
                 weight = weight if session.rank == 0 else 0
             return self._step(args, kwargs, weight=weight, rows=rows, batch=rows)
         first = not self._split_once

@@ -213,11 +213,6 @@ class Session:
         summary = self.recorder.summary()
         if summary and self.options.summary:
             self.print(self.recorder.format_summary(summary))
-            for model in self.models:
-                coupled = getattr(model, "coupled", None)
-                text = coupled.describe() if coupled is not None and model.step else None
-                if text:
-                    self.print("tmpi: %s" % text)
         for core, ranks in (summary or {}).get("shared_cores") or ():
             self.print("tmpi: warning: ranks %s kept running on core %d while a core of "
                        "theirs was free, so each waited for the other's time slice: let tmpi "
@@ -343,75 +338,102 @@ class Session:
     # -- rows that meet inside a step (graphs/rows.py, core/coupling.py) ---------------
     @property
     def rows_window(self):
-        """The shared int64 vector ``[lo, hi, N]`` the converted graphs read:
-        this rank's rows of the global batch of the call running (made when
-        first asked, once Theano is imported)."""
+        """The shared int64 vector ``[lo, hi, max(N, 1), max(hi - lo, 1)]``
+        the converted graphs read: this rank's rows of the global batch of
+        ``N`` rows of the call running (made when first asked, once Theano is
+        imported)."""
         window = getattr(self, "_rows_window", None)
         if window is None:
             import theano
             from tmpi_adapters.graphs.rows import ROWS_WINDOW
-            window = self._rows_window = theano.shared(np.array([0, 1, 1], dtype="int64"),
-                                                       name=ROWS_WINDOW)
+            window = self._rows_window = theano.shared(
+                np.array([0, 1, 1, 1], dtype="int64"), name=ROWS_WINDOW)
         return window
 
-    def set_rows(self, lo, hi, total):
+    def set_rows(self, lo, hi, total, whole=False):
         """Say which rows ``[lo, hi)`` of ``total`` the next call of a
-        converted function runs (``(0, 1, 1)``: every rank runs the whole call)."""
+        converted function runs; ``whole``: every rank runs the whole call
+        (the window is then ``(0, 1, 1)``: its rows are all "one row")."""
+        self._rows_share = (int(lo), int(hi), int(total), bool(whole))
         window = getattr(self, "_rows_window", None)
         if window is not None:
-            window.set_value(np.array([lo, hi, total], dtype="int64"), borrow=True)
+            window.set_value(np.array([lo, hi, max(total, 1), max(hi - lo, 1)],
+                                      dtype="int64"), borrow=True)
+
+    def _shares(self):
+        """Per rank, ``(rows, counts)`` in the running call, as every rank
+        can tell from the global batch alone: its rows in the window's terms,
+        and whether its parts count (not a padding row; in a call every rank
+        runs whole, rank 0's only)."""
+        from tmpi_adapters.core.batches import split_bounds
+        lo, hi, total, whole = getattr(self, "_rows_share", (0, 1, 1, True))
+        if whole:
+            return [(1, True)] + [(0, False)] * (self.size - 1)
+        if total == 0:
+            return [(0, True)] + [(0, False)] * (self.size - 1)
+        shares = []
+        for rank in range(self.size):
+            first, last = split_bounds(total, rank, self.size)
+            shares.append((last - first, last > first))
+        return shares
 
     def couple(self, values, kinds, axes, key=None):
         """What the in-graph :class:`~tmpi_adapters.core.ops.Couple` calls:
         ``values`` made whole across ranks in one collective (a gather of
-        every rank's part), combined alike on every rank in rank order: sums
-        added, extrema taken, rows joined along ``axes``.  A rank whose rows
-        do not count (a padding row, or every rank but rank 0 where each runs
-        the whole call) gives nothing."""
+        every rank's part, whose length every rank knows), combined alike on
+        every rank in rank order: sums added, extrema taken, rows joined along
+        ``axes``.  A rank whose rows do not count (a padding row, or every
+        rank but rank 0 where each runs the whole call) gives nothing."""
         begin = time.perf_counter()
-        counts = self._weight is None or self._weight > 0
-        header, parts, shapes = [0, 0], [], []
+        shares = self._shares()
+        lo, hi = getattr(self, "_rows_share", (0, 1, 1, True))[:2]
+        mine = max(hi - lo, 1)
+        counts_me = shares[self.rank][1]
+        parts, layouts = [], []
         for value, kind, axis in zip(values, kinds, axes):
             value = np.asarray(value)
             if kind == "gather":
                 value = np.moveaxis(value, axis, 0)
-            shapes.append((value.shape[1:] if kind == "gather" else value.shape, value.dtype))
-            if kind == "gather":
-                value = value if counts else value[:0]
-                header.append(value.shape[0])
+                per_row, remainder = divmod(value.shape[0], mine)
+                if remainder:
+                    raise TmpiError("%s: %d entries along the rows' axis for %d rows"
+                                    % (key, value.shape[0], mine))
+                sizes = [per_row * rows if counts else 0 for rows, counts in shares]
             else:
-                header.append(1 if counts else 0)
-                value = value if counts else value.reshape(-1)[:0]
-            parts.append(np.ascontiguousarray(value))
-        head = np.asarray(header, dtype=np.int64)
+                sizes = [1 if counts else 0 for _, counts in shares]
+            layouts.append((kind, axis, value.shape[1:] if kind == "gather" else value.shape,
+                            value.dtype, sizes))
+            if counts_me:
+                parts.append(np.ascontiguousarray(value))
         body = b"".join(p.tobytes() for p in parts)
-        head[0], head[1] = head.nbytes + len(body), len(values)
-        gathered = self.exchanger.allgather_rows(
-            np.frombuffer(head.tobytes() + body, dtype=np.uint8)).tobytes()
+        counts = []
+        for rank in range(self.size):
+            total = 0
+            for kind, _, tail, dtype, sizes in layouts:
+                per = int(np.prod(tail, dtype=np.int64)) * dtype.itemsize
+                total += sizes[rank] * per
+            counts.append(total)
+        joined = self.exchanger.allgather_counted(np.frombuffer(body, dtype=np.uint8),
+                                                  counts).tobytes()
         pieces = [[] for _ in values]
         offset = 0
-        while offset < len(gathered):
-            n = int(np.frombuffer(gathered, dtype=np.int64, count=2, offset=offset)[1])
-            head = np.frombuffer(gathered, dtype=np.int64, count=2 + n, offset=offset)
-            cursor = offset + head.nbytes
-            for k, (kind, (tail, dtype)) in enumerate(zip(kinds, shapes)):
-                count = int(head[2 + k])
-                shape = ((count,) + tuple(tail)) if kind == "gather" else \
-                    (tuple(tail) if count else (0,))
+        for rank in range(self.size):
+            for k, (kind, _, tail, dtype, sizes) in enumerate(layouts):
+                if not sizes[rank]:
+                    continue
+                shape = ((sizes[rank],) + tuple(tail)) if kind == "gather" else tuple(tail)
                 size = int(np.prod(shape, dtype=np.int64))
-                piece = np.frombuffer(gathered, dtype=dtype, count=size,
-                                      offset=cursor).reshape(shape)
-                cursor += size * dtype.itemsize
-                if kind == "gather" or count:
-                    pieces[k].append(piece)
-            offset += int(head[0])
+                pieces[k].append(np.frombuffer(joined, dtype=dtype, count=size,
+                                               offset=offset).reshape(shape))
+                offset += size * dtype.itemsize
         results = []
-        for kind, axis, found, value in zip(kinds, axes, pieces, values):
+        for (kind, axis, tail, dtype, _), found in zip(layouts, pieces):
             if kind == "gather":
-                results.append(np.moveaxis(np.concatenate(found, axis=0), 0, axis))
+                joined_rows = np.concatenate(found, axis=0) if found else \
+                    np.empty((0,) + tuple(tail), dtype=dtype)
+                results.append(np.moveaxis(joined_rows, 0, axis))
             elif not found:
-                raise TmpiError("%s: no rank's rows count in a step's batch statistics"
-                                % key)
+                raise TmpiError("%s: no rank's rows count in a step's batch statistics" % key)
             elif kind == "sum":
                 total = np.array(found[0], copy=True)
                 for piece in found[1:]:

@@ -191,6 +191,12 @@ class Recorder:
             shared += [(core, [local[i] for i in stacked]) for core, stacked in
                        binding.shared_while_free([(ranks[r][2], ranks[r][3]) for r in local])]
         self.last_summary["shared_cores"] = shared
+        # Collectives besides the exchange where a step's rows meet, per
+        # training function: what each makes whole and where (core/coupling.py).
+        self.last_summary["couplings"] = {
+            model.name: model.coupled.step.levels for model in self.session.models
+            if getattr(model, "coupled", None) is not None and model.step
+            and model.coupled.step.levels}
         return self.last_summary
 
     #: Steps (the latest) whose exchanges the summary compares across ranks.
@@ -248,6 +254,9 @@ class Recorder:
             text += "; %g collective%s per step" % (count, "" if count == 1 else "s")
             if abs(mean_count - count) > 1e-9:
                 text += " (median; mean %.2f)" % mean_count
+            for name, levels in sorted((summary.get("couplings") or {}).items()):
+                text += " (%s: the exchange + %d where the batch's rows meet, first %s)" % (
+                    name, len(levels), levels[0][0])
         from tmpi_adapters.process.threads import blas_threads
         threads = blas_threads()
         if threads:

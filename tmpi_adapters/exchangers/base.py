@@ -336,6 +336,13 @@ class Exchanger(abc.ABC):
         must agree.  Returns a new array.
         """
 
+    def allgather_counted(self, data: Array, counts: Sequence[int]) -> Array:
+        """Every rank's bytes ``data`` (a uint8 array of ``counts[rank]``
+        bytes; every rank knows every rank's count) joined in rank order.
+        Exchangers that can gather without first telling each other the
+        lengths override this; by default it is :meth:`allgather_rows`."""
+        return self.allgather_rows(np.ascontiguousarray(data, dtype=np.uint8).reshape(-1))
+
     @abc.abstractmethod
     def allgather_object(self, obj: _T) -> list[_T]:
         """Gather a small picklable object (metadata, never arrays) from every

@@ -137,7 +137,7 @@ class CoupledCombiner:
     """What a converted training step still combines after its call: per-row
     values and extrema (:class:`~tmpi_adapters.core.combine.Combiner`), as the
     latest compilation of the step says (``steps[-1]``).  A model's
-    ``coupled`` attribute: :meth:`describe` words the step's collectives."""
+    ``coupled`` attribute: the end-of-run line reads :attr:`step`'s levels."""
 
     def __init__(self, session, steps, name):
         self.session, self.steps, self.name = session, steps, name
@@ -156,9 +156,6 @@ class CoupledCombiner:
     def step(self):
         """The step as compiled last (:class:`~tmpi_adapters.core.coupling.CoupledStep`)."""
         return self.steps[-1]
-
-    def describe(self):
-        return self.step.describe()
 
 
 def probe_shapes(adapter, key, bound, graph, plan_replace, new_givens, transform, labels, sizes,

@@ -98,8 +98,8 @@ BATCH_NORMS = {"AbstractBatchNormTrain", "AbstractBatchNormTrainGrad",
 #: The shared variable whose values say which rows of a draw made for the
 #: whole batch a rank keeps (:mod:`tmpi_adapters.frameworks.random_streams`).
 NOISE_WINDOW = "tmpi_noise_window"
-#: The shared int64 vector ``[lo, hi, N]``: this rank's rows of a global batch
-#: of ``N`` rows (set before every split call).
+#: The shared int64 vector ``[lo, hi, max(N, 1), max(hi - lo, 1)]``: this rank's
+#: rows of a global batch of ``N`` rows (set before every split call).
 ROWS_WINDOW = "tmpi_rows_window"
 
 _pending_ids = itertools.count()
@@ -396,9 +396,11 @@ class Rows:
         return self._cut[key]
 
     def _window(self):
-        T = self.T
+        """``lo, hi`` and the global and local row counts, at least 1 each
+        (read from the window, where the host keeps them: no integer
+        ``maximum`` for a device's kernels to build)."""
         w = self.window
-        return w[0], w[1], T.maximum(w[2], 1), T.maximum(w[1] - w[0], 1)
+        return w[0], w[1], w[2], w[3]
 
     def _slice(self, whole, axis):
         """Rows ``[lo, hi)`` of a whole value along ``axis`` (scaled when the
@@ -520,6 +522,11 @@ class Rows:
         marks = []
         for variable in node.outputs:
             axes = self.batch_axes(variable)
+            if name in ("Alloc", "AllocEmpty"):
+                # zeros((x.shape[0], n)): an axis as long as some value's rows.
+                dims = node.inputs[1:] if name == "Alloc" else node.inputs
+                axes = sorted(set(axes) | {j for j, d in enumerate(dims)
+                                           if _counts_rows(self, d)})
             if not axes:
                 marks.append(SHAPE)
             elif len(axes) == 1 and name in ("Alloc", "AllocEmpty"):
@@ -541,14 +548,17 @@ class Rows:
         start, stop, step = node.inputs
         out = node.outputs[0]
         positions = self._apply(node, [self.local(v) for v in node.inputs])[0]
-        if self.batch_axes(out) == [0] and ins[0] is SAME and _constant(step) == 1:
+        if (self.batch_axes(out) == [0] or _counts_rows(self, stop)) and ins[0] is SAME \
+                and _constant(start) == 0 and _constant(step) == 1:
             self._sized.add(out)
             self._positions[out] = positions
             if not self.convert:
                 return [0], [positions]
-            lo = self.T.cast(self.window[0], start.dtype)
-            return [0], [self.T.arange(self.local(start) + lo, self.local(stop) + lo,
-                                       dtype=out.dtype)]
+            # This rank's rows of the whole arange: offset by the entries before them.
+            local_stop = self.local(stop)
+            offset = self.T.cast(self.window[0], local_stop.dtype) * local_stop // \
+                self.T.cast(self.window[3], local_stop.dtype)
+            return [0], [self.T.arange(offset, local_stop + offset, dtype=out.dtype)]
         if not self.batch_axes(out):
             return [SHAPE], [positions]
         if not self.convert:
@@ -733,20 +743,24 @@ class Rows:
             part = self.local(partial[0]) if len(partial) == 1 else \
                 T.add(*[self.local(t) for t in partial])
             added = [self.replicated(t, node) for t in whole]
-            if added and (part + T.add(*added)).type != top.type:
+            if part.type != top.type or (added and (part + T.add(*added)).type != top.type):
                 part = None
         if part is None:
-            part, added, kind = self.replicated(top, node), [], "same"
+            part, added, kind = _like(self.replicated(top, node), top), [], "same"
+
+        def wrapped(value):
+            # Back inside the wrappers (a device gradient stays a device array).
+            for wrapper in reversed(wrappers):
+                value = self._apply(wrapper, [value] + [self.local(v)
+                                                        for v in wrapper.inputs[1:]])[0]
+            return value
         op = pending_op()(kind)
-        output = op(part)
+        output = op(wrapped(part))
         self.requests.append(Request(kind, None, top, output, gradient=position))
-        result = output if not added else output + (added[0] if len(added) == 1
-                                                    else T.add(*added))
-        result = _like(result, top)
-        for wrapper in reversed(wrappers):
-            result = self._apply(wrapper, [result] + [self.local(v)
-                                                      for v in wrapper.inputs[1:]])[0]
-        return result
+        if not added:
+            return output
+        total = added[0] if len(added) == 1 else T.add(*added)
+        return gradient.type.filter_variable(_like(output + wrapped(_like(total, top)), top))
 
     # Products --------------------------------------------------------------------------
     def _rule_Dot(self, node, ins):
@@ -919,7 +933,12 @@ class Rows:
 
     def _rule_AdvancedIncSubtensor(self, node, ins):
         picked = self._picked(node, ins, 2)
-        if picked is not None and ins[1] == 0:
+        value = node.inputs[1]
+        if picked is not None and (ins[1] == 0 or ins[1] in (SAME, REPL, SHAPE)
+                                   and value.ndim == 0):
+            # One entry per row set or added (to_one_hot, a picked cost's gradient).
+            if ins[1] != 0:
+                picked[1] = self.replicated(value, node)
             return [0], self._apply(node, picked)
         return self._whole_inputs(node, ins, "rows updated by index")
 
@@ -1150,7 +1169,31 @@ def _keeps_rank_rows(rows, node):
         return False
     first, second = owner.inputs
     length = second if first is start else (first if second is start else None)
-    return length is not None and rows.layout.is_batch_size(rows.layout.resolve(length))
+    if length is None:
+        return False
+    return rows.layout.is_batch_size(rows.layout.resolve(length)) or _counts_rows(rows, length)
+
+
+def _counts_rows(rows, length):
+    """True for ``v.shape[k]`` (through casts) of a value ``v`` whose rows are on axis ``k``."""
+    from theano import scalar
+    from theano.tensor.elemwise import Elemwise
+    for _ in range(10):
+        length = _uncast(length)
+        node = getattr(length, "owner", None)
+        if node is None:
+            return False
+        name = type(node.op).__name__
+        if name == "Shape_i":
+            return rows(node.inputs[0]) == node.op.i
+        if name == "Subtensor":
+            return _shape_entry(rows, node) is True
+        if isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op,
+                                                        (scalar.Cast, scalar.Identity)):
+            length = node.inputs[0]
+            continue
+        return False
+    return False
 
 
 def _uncast(variable):
@@ -1204,22 +1247,15 @@ def _made_at(node):
     return ""
 
 
-_KIND_WORDS = {"sum": "a sum over the rows", "max": "a maximum over the rows",
-               "min": "a minimum over the rows", "gather": "the rows gathered"}
+_KIND_WORDS = {"sum": "a sum over the batch's rows", "max": "a maximum over the batch's rows",
+               "min": "a minimum over the batch's rows", "gather": "the batch's rows gathered",
+               "same": "a whole value"}
 
 
 def _what(kind, node, what, variable):
     """The words for a coupling: what is made whole and, where known, why."""
-    op = type(node.op).__name__ if node is not None else "value"
     text = _KIND_WORDS[kind]
-    if what:
-        text += " for %s" % what
-    source = variable.owner
-    if source is not None and source is not node:
-        text += " (%s of %s)" % (type(source.op).__name__, op)
-    else:
-        text += " (%s)" % op
-    return text
+    return text + " for %s" % what if what else text
 
 
 def _index_text(index, k):

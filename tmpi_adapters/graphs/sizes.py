@@ -48,14 +48,40 @@ def node_sizes(layout, node):
         vector = layout.resolve_vector(node.inputs[1])
         if vector is None:
             return None
-        return [tuple(None if v == -1 else v for v in vector)]
+        return [tuple(_inferred_entry(ins[0], vector) if v == -1 else v for v in vector)]
     if isinstance(op, Scan):
         return _scan_sizes(layout, node, ins)
+    if type(op).__name__ == "IfElse":
+        # Either branch: of the same sizes (the ones a graph can run with).
+        n = op.n_outs
+        out = []
+        for a, b in zip(ins[1:1 + n], ins[1 + n:1 + 2 * n]):
+            for x, y in zip(a, b):
+                layout.union(x, y)
+            out.append(tuple(a))
+        return out
     if type(op).__name__ == "ARange":
         start, stop, step = node.inputs
         if _constant(start) == 0 and _constant(step) == 1:
             return [(layout.resolve(stop),)]
     return _inferred_sizes(layout, node, ins)
+
+
+def _inferred_entry(before, after):
+    """The size Theano gives a reshape's ``-1`` where the sizes show it: the
+    one axis of unknown length left once the known lengths cancel
+    (``(B, 1)`` to ``(-1,)``: ``B``)."""
+    if after.count(-1) != 1 or any(v is None for v in after) or None in before:
+        return None
+    symbols = [v for v in before if isinstance(v, tuple)]
+    known_in = int(np.prod([v for v in before if not isinstance(v, tuple)], dtype=np.int64))
+    known_out = int(np.prod([v for v in after if isinstance(v, (int, np.integer)) and v != -1],
+                            dtype=np.int64))
+    others = [v for v in after if isinstance(v, tuple)]
+    left = [v for v in symbols if v not in others]
+    if len(left) == 1 and len(symbols) - len(others) == 1 and known_in == known_out:
+        return left[0]
+    return None
 
 
 def _scan_sizes(layout, node, ins):

@@ -110,20 +110,6 @@ def merged(hosts):
     return [Host(name, count) for name, count in slots.items()]
 
 
-def mpi_flavor(mpiexec):
-    """``"hydra"`` (MPICH, Intel MPI), ``"openmpi"`` or ``None``."""
-    try:
-        text = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if re.search(r"HYDRA|Intel\(R\) MPI", text):
-        return "hydra"
-    if re.search(r"Open MPI|OpenRTE|open-mpi", text):
-        return "openmpi"
-    return None
-
-
 class HostSet:
     """The hosts of a job, the way to reach them, and what remains of them
     after a restart found some gone.

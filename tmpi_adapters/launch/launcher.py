@@ -21,7 +21,7 @@ from tmpi_adapters.options import OPTIONS_ENV
 from tmpi_adapters.process.jobdir import (JOB_DIR_ENV, JOB_DIR_PREFIX, LAUNCHER_HOST_ENV,
                                          LAUNCHER_PID_ENV, claim_job_dir, rank_file,
                                          sweep_job_dirs)
-from tmpi_adapters.launch.hosts import mpi_flavor
+from tmpi_adapters.launch.flavors import job_args, job_environment, mpi_flavor
 from tmpi_adapters.launch.supervise import SUPERVISED, die_with, rank_command
 from tmpi_adapters.launch.target import as_target, find_module, target_argv
 from tmpi_adapters.process.channel import CHANNEL_ENV, ChannelServer
@@ -256,14 +256,18 @@ def start_job(target, script_args, options, n, mpiexec=None, mpiexec_args=(),
         env[LAUNCHER_PID_ENV] = str(os.getpid())
         env[LAUNCHER_HOST_ENV] = socket.gethostname()
         channel = placement = None
+        flavor = mpi_flavor(executable)
+        job_environment(flavor, env)
         if hosts is not None:
             channel = ChannelServer(lambda rank, name, directory=directory:
                                     rank_file(directory, rank, name)).start()
             env[CHANNEL_ENV] = channel.address()
-            placement = hosts.mpiexec_args(mpi_flavor(executable), passed_on(env))
+            placement = hosts.mpiexec_args(flavor, passed_on(env))
         # On hosts each rank runs under a small parent of its own, which tells
         # this launcher when a signal killed it (hydra names one rank, vaguely).
-        command = [executable, "-n", str(n)] + (placement or []) + list(mpiexec_args) + \
+        command = [executable, "-n", str(n)] + (placement or []) + \
+            job_args(flavor, n, hosts.slots if hosts is not None else os.cpu_count() or 1) + \
+            list(mpiexec_args) + \
             (SUPERVISED if hosts is not None else []) + rank_command(target, script_args)
         relay = None
         if options.all_ranks_output:

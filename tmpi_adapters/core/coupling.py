@@ -105,7 +105,11 @@ class CoupledStep:
         if mark == SHAPE:
             return rows.global_value(expr)
         if mark == MIXED:
-            return rows.local(expr)
+            raise ConfigError(
+                "%s: tmpi could not read how an update of the step is computed from the "
+                "batch's rows (%s), so it cannot give every rank the one-process update. Run "
+                "with --scaling weak so that each rank takes whole batches." % (
+                    self.key, expr))
         return rows.replicated(expr)
 
     # -- collectives ------------------------------------------------------------------

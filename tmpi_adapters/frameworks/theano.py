@@ -49,8 +49,8 @@ from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.frameworks.base import FrameworkAdapter, imports_module
 from tmpi_adapters.frameworks import transparency
 from tmpi_adapters.frameworks.theano_split import (CoupledCombiner, analyse_function,
-                                                   coupled_compiler, pairs, row_axes,
-                                                   split_compiler, split_evaluation)
+                                                   coupled_compiler, default_updates, pairs,
+                                                   row_axes, split_compiler, split_evaluation)
 from tmpi_adapters.pluginmanager import hookimpl
 
 _function_ids = itertools.count()
@@ -278,6 +278,16 @@ class TheanoAdapter(FrameworkAdapter):
         graph += [expr for _, expr in update_pairs]
         outputs = graph[:len(output_list)]
         plan = rows = None
+        own_pairs = list(update_pairs)
+        if session.size > 1 and self.batch_mode() == "rows" and \
+                session.rule.exchanges == "gradients":
+            # Shared variables updated by their default_update (Lasagne's BatchNorm
+            # averages) are read with the rest of the step: it converts them too.
+            refused = arguments.get("no_default_updates")
+            if refused is not True:
+                update_pairs = update_pairs + default_updates(
+                    graph, [var for var, _ in update_pairs] + list(refused or []))
+                graph = graph[:len(output_list)] + [expr for _, expr in update_pairs]
         if session.size > 1:
             costs = self._costs_of(markers) + [o for o in outputs if o.ndim == 0]
             plan, rows = analyse_function(self, inputs, given_pairs, graph, costs, update_pairs,
@@ -287,7 +297,7 @@ class TheanoAdapter(FrameworkAdapter):
             data = set(input_variables(inputs)) | {var for var, _ in given_pairs}
         optimizer_state, model_state = [], []
         marker_outputs = {node.outputs[0] for node in markers}
-        for var, expr in update_pairs:
+        for var, expr in own_pairs:
             if any(var is p for p in params):
                 continue
             above = set(ancestors([expr]))

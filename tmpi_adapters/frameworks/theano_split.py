@@ -133,6 +133,26 @@ def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_p
     return compiled, first_split, steps
 
 
+def default_updates(graph, updated):
+    """``(variable, default_update)`` of the shared variables ``graph`` reads
+    (or their default updates read) that the function does not update
+    itself, as ``theano.function`` would add them."""
+    from theano.compile.sharedvalue import SharedVariable
+    from theano.gof.graph import inputs
+    found, seen, stack = [], {id(v) for v in updated}, list(graph)
+    while stack:
+        for variable in inputs(stack):
+            if isinstance(variable, SharedVariable) and id(variable) not in seen and \
+                    getattr(variable, "default_update", None) is not None:
+                seen.add(id(variable))
+                found.append((variable, variable.default_update))
+        new = [expr for var, expr in found if id(expr) not in seen]
+        for expr in new:
+            seen.add(id(expr))
+        stack = new
+    return found
+
+
 class CoupledCombiner:
     """What a converted training step still combines after its call: per-row
     values and extrema (:class:`~tmpi_adapters.core.combine.Combiner`), as the

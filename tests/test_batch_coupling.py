@@ -79,3 +79,25 @@ def test_a_step_whose_rows_meet_nowhere_keeps_one_collective():
                         "per_row_norm", "dataset_normalisation", env=python_env()))
     assert "; 1 collective per step" in result.stdout, result.stdout[-2000:]
     assert "where the batch's rows meet" not in result.stdout
+
+
+@pytest.mark.mpi
+def test_ranks_whose_models_drift_apart_are_stopped_naming_the_variable():
+    """One rank changes its bias with set_value after the third step: the
+    parameters' digest in the fourth step's envelope differs, and the job
+    ends naming the variable instead of training two models."""
+    result = tmpi("wrap", "-n", "2", "--framework", "theano", SCRIPTS / "drift.py", "6",
+                  env=python_env())
+    assert result.returncode == 7, result.stderr[-2000:]
+    assert "ranks' models drifted apart: before train_fn#0 call 4 (12 rows) the ranks'" \
+        in result.stderr
+    assert "The first that differs is b (its ranks' values apart by" in result.stderr
+    assert "final b" not in result.stdout and "Traceback" not in result.stderr
+
+
+@pytest.mark.mpi
+def test_models_that_stay_together_pass_the_digest_checks():
+    result = check(tmpi("wrap", "-n", "2", "--framework", "theano", SCRIPTS / "drift.py", "6",
+                        "together",
+                        env=python_env()))
+    assert "final b" in result.stdout

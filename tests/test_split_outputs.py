@@ -85,8 +85,8 @@ def _graph():
 def _read(data, graph):
     """The row-wise marks of ``graph``, read as on more than one rank."""
     from tmpi_adapters.graphs.layout import Layout
-    from tmpi_adapters.graphs.rowwise import RowWise
-    return RowWise(Layout(data, graph, costs=[g for g in graph if g.ndim == 0]))
+    from tmpi_adapters.graphs.rows import Rows
+    return Rows(Layout(data, graph, costs=[g for g in graph if g.ndim == 0]))
 
 
 def test_a_draw_each_rank_keeps_its_rows_of_is_per_row():

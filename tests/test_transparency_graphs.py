@@ -93,7 +93,8 @@ def test_reshape_that_merges_rows_follows_shares_it_divides_and_gathers_on_other
     # the rows are gathered at the reshape, and the step is the one-process step.
     three = wrap(3, FIXED, "merged")
     assert_same_numbers(three, one, ("merged_cost", "merged_norms"))
-    assert "2 collectives per step: the exchange + 1 where the batch's rows meet" in three.stdout
+    assert "2 collectives per step (train_fn#0: the exchange + 1 where the batch's rows meet" \
+        in three.stdout
     assert "a reshape that moves rows across the ranks' shares" in three.stdout
     assert "transparency_fixed.py:" in three.stdout
 
@@ -194,7 +195,7 @@ def test_returned_values_are_classified_from_the_graph():
     import theano.tensor as T
     from tmpi_adapters.graphs.layout import Layout
     from tmpi_adapters.graphs.outputs import UNDECIDED, classify
-    from tmpi_adapters.graphs.rowwise import RowWise
+    from tmpi_adapters.graphs.rows import Rows
     x, y = T.matrix("x"), T.ivector("y")
     W = theano.shared(np.zeros((4, 3)), name="W")
     probs = T.nnet.softmax(T.dot(x, W))
@@ -209,7 +210,7 @@ def test_returned_values_are_classified_from_the_graph():
         "picked": -T.mean(T.log(probs)[T.arange(y.shape[0]), y]),
         "mixed": (x - x.mean(axis=0)).max(),
     }
-    rows = RowWise(Layout([x, y], list(outputs.values())))
+    rows = Rows(Layout([x, y], list(outputs.values())))
     kinds = {name: classify(v, {x, y}, None, rows=rows) for name, v in outputs.items()}
     assert kinds == {"mean": "mean", "sum": "sum", "max": "max", "min": "min", "rows": "rows",
                      "same": "same", "count": "sum", "picked": "mean", "mixed": None}

@@ -14,7 +14,9 @@ import time
 import numpy as np
 
 from tmpi_adapters.core.function import Call
-from tmpi_adapters.core.protocol import check_signatures, read_values, write_values
+from tmpi_adapters.core.batches import fingerprinted
+from tmpi_adapters.core.protocol import (check_signatures, read_values, state_digest,
+                                         write_values)
 from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.process import compat
@@ -128,6 +130,12 @@ class Session:
                 % self.exchanger.name)
 
     @property
+    def keeps_models_identical(self):
+        """True when every rank's model is the same after every step (a
+        gradient rule on more than one rank): their digests are compared."""
+        return self.size > 1 and self.rule.exchanges == "gradients"
+
+    @property
     def overlapping(self):
         """True when training steps exchange their gradients in overlapped
         parts (``--overlap`` on more than one rank)."""
@@ -199,8 +207,11 @@ class Session:
         if self.size > 1 and self.rule.exchanges == "gradients":
             done = ", ".join("%d call(s) of %s" % (model.step, model.name)
                              for model in self.models if model.step)
+            # The models as they end: the same on every rank.
+            params = state_digest([v for model in self.models for v in model.state_variables]) \
+                if self.keeps_models_identical else None
             self.meet(Envelope("end", "finished the script" + (
-                " after " + done if done else "")))
+                " after " + done if done else ""), params=params))
 
     def meet(self, envelope, timeout=None):
         """Every rank reaches this point doing the same thing (``envelope``),
@@ -293,8 +304,12 @@ class Session:
         self.stepping = model
         if not model.synchronized:
             self.synchronize(model)
+        # On some calls the model's digest rides in the step's envelope: ranks
+        # whose models drifted apart are stopped, the first variable named.
+        params = state_digest(model.state_variables) if self.keeps_models_identical and \
+            call is not None and fingerprinted(call) else None
         self.exchanger.set_envelope(Envelope("step", model.name, call=call, rows=rows,
-                                             data=data))
+                                             data=data, params=params))
         self._weight = weight
         self._total = rows
         self.recorder.begin_step()

@@ -231,11 +231,11 @@ class SplitPlan:
 
 def analyse(inputs, given_pairs, batch_shared, graph, costs, slice_givens=True):
     """``(plan, rows)`` of a function compiled on more than one rank: its
-    :class:`SplitPlan` and the :class:`~tmpi_adapters.graphs.rowwise.RowWise`
+    :class:`SplitPlan` and the :class:`~tmpi_adapters.graphs.rows.Rows`
     marks of its graph."""
     from tmpi_adapters.graphs.layout import Layout
-    from tmpi_adapters.graphs.rowwise import RowWise
+    from tmpi_adapters.graphs.rows import Rows
     data = list(input_variables(inputs)) + [var for var, _ in given_pairs] + list(batch_shared)
     layout = Layout(data, graph, costs=costs)
     plan = SplitPlan(inputs, given_pairs, batch_shared, layout, slice_givens=slice_givens)
-    return plan, RowWise(layout)
+    return plan, Rows(layout)

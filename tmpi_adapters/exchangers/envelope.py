@@ -53,11 +53,18 @@ class Envelope:
         take one: ranks handed different batches disagree.
     """
 
-    __slots__ = ("phase", "name", "call", "rows", "data")
+    __slots__ = ("phase", "name", "call", "rows", "data", "params", "samples")
 
-    def __init__(self, phase, name, call=None, rows=None, data=None):
+    def __init__(self, phase, name, call=None, rows=None, data=None, params=None):
         self.phase, self.name, self.call, self.rows = phase, name, call, rows
         self.data = data
+        #: a digest of the model's parameters and state, on some steps
+        #: (:func:`tmpi_adapters.core.protocol.state_digest`): ranks whose
+        #: models drifted apart disagree
+        self.params = None if params is None else params[0]
+        #: ``(names, per-variable sample sums)`` behind that digest, to name
+        #: the first variable that differs (not in the token)
+        self.samples = None if params is None else params[1]
 
     def describe(self, sequence=None):
         """``"train_G call 41 (32 rows)"`` and the like."""
@@ -75,18 +82,48 @@ class Envelope:
             text += " (%d rows)" % self.rows
         if self.data is not None:
             text += ", %s%06x" % (DATA_MARK, self.data)
+        if self.params is not None:
+            text += ", %s%06x" % (PARAMS_MARK, self.params)
         return text
 
     def token(self, sequence, limit):
         """The integer in ``[1, limit]`` this envelope and the collective's
         ``sequence`` number stand for."""
-        key = "%s|%s|%s|%s|%s|%d" % (self.phase, self.name, self.call, self.rows, self.data,
-                                     sequence)
+        key = "%s|%s|%s|%s|%s|%s|%d" % (self.phase, self.name, self.call, self.rows, self.data,
+                                        self.params, sequence)
         return 1 + zlib.crc32(key.encode()) % (limit - 1)
 
 
 #: How a description names the batch's fingerprint.
 DATA_MARK = "data #"
+#: How a description names the parameters' digest.
+PARAMS_MARK = "params #"
+
+
+def only_params_differ(descriptions):
+    """True when the ranks' ``descriptions`` differ in their parameters'
+    digest alone: the same step, models that drifted apart."""
+    return len(descriptions) > 1 and len(
+        {text.split(", " + PARAMS_MARK)[0] for text in descriptions.values()}) == 1 and len(
+        set(descriptions.values())) > 1
+
+
+def drift_message(descriptions, first, spread):
+    """The paragraph of the error for ranks whose models drifted apart:
+    ``first`` names the first variable that differs (or ``None``), ``spread``
+    how far its ranks' values are apart (relative)."""
+    where = next(iter(descriptions.values())).split(", " + PARAMS_MARK)[0].split(
+        ", " + DATA_MARK)[0]
+    named = (" The first that differs is %s (its ranks' values %s)." % (
+        first, "apart by %.2g relative" % spread if spread else "differ in their last bits")
+        if first else "")
+    return ("ranks' models drifted apart: before %s the ranks' parameters or state differ, so "
+            "they no longer train one model and their results would not be one process's.%s "
+            "Something in the training step gives ranks different values without tmpi "
+            "seeing it: a random generator seeded per rank outside Theano's streams, an "
+            "update computed from rank-local Python values (time, rank, os.environ), or a "
+            "shared variable changed with set_value on one rank only. Give every rank the "
+            "same values (tmpi seeds numpy and Python alike on every rank)." % (where, named))
 
 
 #: The envelope of collectives issued outside any training function.

@@ -20,7 +20,8 @@ import numpy as np
 
 from tmpi_adapters.errors import LockstepError
 from tmpi_adapters.exchangers import codecs
-from tmpi_adapters.exchangers.envelope import (OUTSIDE, mismatch_message, only_data_differs,
+from tmpi_adapters.exchangers.envelope import (OUTSIDE, drift_message, mismatch_message,
+                                               only_data_differs, only_params_differ,
                                                token_limit)
 from tmpi_adapters.exchangers.waiting import START_SECONDS, wait_for
 
@@ -175,6 +176,11 @@ class Lockstep:
                 descriptions[rank] = "something else (it did not say what in time)"
         if only_data_differs(descriptions) and len(described) == len(tokens):
             self._same_generators()
+        if only_params_differ(descriptions) and len(described) == len(tokens) and \
+                envelope.samples is not None:
+            error = LockstepError(drift_message(descriptions, *self._first_drift(envelope)))
+            error.sequence = sequence
+            raise error
         error = LockstepError(mismatch_message(descriptions, self.exchanger.rank))
         error.sequence = sequence
         raise error
@@ -214,6 +220,32 @@ class Lockstep:
         except _GaveUp:
             return False
         return True
+
+    def _first_drift(self, envelope):
+        """``(name, relative spread)`` of the first variable whose sampled
+        values differ between ranks (every rank is here: they all found
+        that only the parameters' digests differ), or ``(None, 0)``."""
+        names, sums = envelope.samples
+        mine = np.asarray(sums, dtype=np.float64)
+        control = self._control
+        if control is None or not mine.size:
+            return None, 0.0
+        everyone = np.zeros(mine.size * self.exchanger.size, dtype=np.float64)
+        request = control.Iallgather(mine, everyone)
+
+        def give_up(what, waited, frame):
+            raise _GaveUp()
+        try:
+            wait_for(request.Test, "the drift report", _REPORT_SECONDS, give_up)
+        except _GaveUp:
+            return None, 0.0
+        table = everyone.reshape(self.exchanger.size, mine.size)
+        for k, name in enumerate(names):
+            column = table[:, k]
+            if not np.all(column == column[0]):
+                top = max(float(np.max(np.abs(column))), 1e-300)
+                return name, float(np.max(column) - np.min(column)) / top
+        return None, 0.0
 
     def _gather_descriptions(self, text):
         """``{rank: description}`` from every rank that reports within a few seconds."""

@@ -18,7 +18,7 @@ from tmpi_adapters.graphs.marks import ancestors
 from tmpi_adapters.graphs.layout import Layout
 from tmpi_adapters.core.combine import Combiner
 from tmpi_adapters.graphs.outputs import KINDS, classify, ratio_of
-from tmpi_adapters.graphs.rowwise import RowWise
+from tmpi_adapters.graphs.rows import Rows
 from tmpi_adapters.core.split import analyse
 from tmpi_adapters.errors import ConfigError, TmpiError
 
@@ -328,7 +328,7 @@ def split_evaluation(adapter, bound, output_list, rebuild_outputs, update_pairs,
         # Per-row values are read from the graph each rank will most likely
         # run (confirmed on the first split call, else it runs whole).
         graph = fixed.assume()(list(outputs))
-        rows = RowWise(Layout(plan.data, graph, costs=[o for o in graph if o.ndim == 0]))
+        rows = Rows(Layout(plan.data, graph, costs=[o for o in graph if o.ndim == 0]))
     data = set(plan.data)
     kinds = [classify(o, data, None, rows=rows) for o in graph]
     if any(kind not in KINDS for kind in kinds) or all(kind == "same" for kind in kinds):

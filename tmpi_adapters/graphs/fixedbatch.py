@@ -130,6 +130,10 @@ class Rewrite:
         return "%s with %s on axis %d" % (self.entries, share, self.axis)
 
 
+#: A reshape's decision where rows of different ranks' shares meet in it.
+ROWS_MEET = "rows meet"
+
+
 class RowsMeet(ConfigError):
     """A reshape whose rows no rank's share can follow: rows of different
     ranks' shares meet in it (the row analysis then gathers them)."""
@@ -375,8 +379,8 @@ class FixedBatch:
         #: ``label -> Rewrite or None``, once decided
         self.rewrites = {}
         #: ``label -> the axis of the new shape that holds the rows`` (``None``:
-        #: its size does not follow the rows; ``MIXED``: rows of different
-        #: ranks meet in it), once decided
+        #: its size does not follow the rows; :data:`ROWS_MEET`: rows of
+        #: different ranks' shares meet in it), once decided
         self.axes = {}
         #: the rewrites :meth:`assume` took for granted, if it was asked
         self.assumed = None
@@ -457,8 +461,8 @@ class FixedBatch:
         """Decide every reshape to a constant shape; the transform to compile
         with when some reshape needs rewriting, else ``None``.  With
         ``couples``, a reshape no share can follow is decided
-        :data:`~tmpi_adapters.graphs.rows.MIXED` (its rows are made whole)
-        instead of an error, and the reshapes below it need no decision.
+        :data:`ROWS_MEET` (the row analysis makes its rows whole) instead of
+        an error, and the reshapes below it need no decision.
 
         Parameters
         ----------
@@ -470,14 +474,13 @@ class FixedBatch:
             reshape's input at each size]}``, from the function's graph
             rewritten by ``transform``.
         """
-        from tmpi_adapters.graphs.rows import MIXED
         above = self._upstream()
         pending = set(self.found.reshapes)
         while pending:
             ready = sorted(l for l in pending if not above[l] & pending)
-            whole = [l for l in ready if any(self.axes.get(u) == MIXED for u in above[l])]
+            whole = [l for l in ready if any(self.axes.get(u) == ROWS_MEET for u in above[l])]
             for label in whole:
-                self.rewrites[label], self.axes[label] = None, MIXED
+                self.rewrites[label], self.axes[label] = None, ROWS_MEET
             ready = [l for l in ready if l not in whole]
             shapes = probe(self.transform(), ready, sizes) if ready else {}
             for label in ready:
@@ -489,7 +492,7 @@ class FixedBatch:
                 except RowsMeet:
                     if not couples:
                         raise
-                    axis, rewrite = MIXED, None
+                    axis, rewrite = ROWS_MEET, None
                 self.rewrites[label], self.axes[label] = rewrite, axis
             pending -= set(ready) | set(whole)
         self.done = True

@@ -26,7 +26,7 @@ into the one-process value depends on what they are, read from the graph:
 A value is classified by walking its graph down to the reduction that
 makes it: a ``Sum`` over batch rows is a sum; a sum divided by a count taken
 from the batch's shape is a mean; scaling by values that do not come from the
-batch keeps the kind.  With a :class:`~tmpi_adapters.graphs.rowwise.RowWise`
+batch keeps the kind.  With a :class:`~tmpi_adapters.graphs.rows.Rows` (strict reading)
 the walk also checks that what is reduced is row-wise and reduced over the
 batch axis, and recognises per-row values and counts of rows; where those
 checks fail (a scan's states), a training step's value is walked again
@@ -45,7 +45,7 @@ import math
 import numpy as np
 
 from tmpi_adapters.graphs.marks import ancestors
-from tmpi_adapters.graphs.rowwise import SAME, SHAPE
+from tmpi_adapters.graphs.rows import SAME, SHAPE
 
 KINDS = ("mean", "sum", "max", "min", "same", "rows")
 #: The suffixes of a variable's name that say how it combines.
@@ -70,7 +70,7 @@ def classify(variable, data, default="mean", rows=None, strict=True):
 
     Returns one of :data:`KINDS`; for a value the graph does not explain,
     ``default`` for a scalar and :data:`UNDECIDED` for a non-scalar.
-    ``rows`` (a :class:`~tmpi_adapters.graphs.rowwise.RowWise`) makes the walk
+    ``rows`` (a :class:`~tmpi_adapters.graphs.rows.Rows` (strict reading)) makes the walk
     check what it reduces (see the module doc); with ``strict=False`` what
     that walk cannot explain is walked again without the checks (a training
     step's ``T.sum`` of a scan's states is still a sum).

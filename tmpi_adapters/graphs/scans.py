@@ -3,8 +3,8 @@
 A scan over time with the batch on another axis (a recurrent network's
 ``(time, batch, ...)`` sequences, and the scans of its gradient) runs each
 rank's rows through every step alone, as long as its step function does:
-its inner graph is read with :class:`~tmpi_adapters.graphs.rows.Rows` (the
-strict reading), its inputs marked from the outer inputs' marks (a sequence's
+its inner graph is read with the row analysis itself (its strict
+reading), its inputs marked from the outer inputs' marks (a sequence's
 rows on axis ``k`` are its slices' rows on axis ``k - 1``).  A state is read
 until its mark settles: a state that starts at zero and adds partial sums
 (a gradient accumulated over the steps) stays a partial sum.
@@ -13,7 +13,7 @@ Where a step mixes the rows, or the scan iterates over the rows themselves,
 :func:`read_scan` answers ``None`` and the row analysis runs the scan on the
 whole batch.
 """
-from tmpi_adapters.graphs.rows import MIXED, PARTIAL, REPL, SAME, SHAPE, SUM, Rows
+from tmpi_adapters.graphs.rowmarks import MIXED, PARTIAL, REPL, SAME, SHAPE, SUM
 
 #: How often the states' marks are read again before giving up.
 _ROUNDS = 4
@@ -65,7 +65,7 @@ def read_scan(rows, node, ins):
         list(non_seqs)
     for _ in range(_ROUNDS):
         inner_marks = dict(zip(inner_in, [start[v] for v in order]))
-        inner = _read_inner(op, inner_in, inner_marks)
+        inner = _read_inner(type(rows), op, inner_in, inner_marks)
         if inner is None:
             return None
         outs = _state_outputs(op, inner)
@@ -139,14 +139,15 @@ def _settle(assumed, found, zero):
     return None
 
 
-def _read_inner(op, inner_in, marks):
-    """The strict row reading of a scan's inner graph, its inputs marked."""
+def _read_inner(analysis, op, inner_in, marks):
+    """The strict row reading (``analysis``, the row analysis' class) of a
+    scan's inner graph, its inputs marked."""
     from tmpi_adapters.graphs.layout import Layout
     axes = {v: m for v, m in marks.items() if isinstance(m, int)}
     try:
         layout = Layout(inner_in, list(op.outputs), axes={v: axes.get(v) for v in inner_in})
-        return Rows(layout, convert=False, marks={v: m for v, m in marks.items()
-                                                  if not isinstance(m, int)})
+        return analysis(layout, convert=False, marks={v: m for v, m in marks.items()
+                                                      if not isinstance(m, int)})
     except Exception:  # noqa: BLE001 - an inner graph the reading cannot follow
         return None
 

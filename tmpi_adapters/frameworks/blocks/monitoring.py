@@ -78,7 +78,7 @@ def buffer_layout(buffer):
     ``(time, batch)`` inputs of recurrent bricks) and its row-wise marks."""
     from blocks.monitoring.aggregation import Mean
     from tmpi_adapters.graphs.layout import Layout
-    from tmpi_adapters.graphs.rowwise import RowWise
+    from tmpi_adapters.graphs.rows import Rows
     inputs = set(buffer.inputs)
     schemes = [getattr(v.tag, "aggregation_scheme", None) for v in buffer.variables]
     counts = [s.denominator for s in schemes if isinstance(s, Mean)
@@ -89,7 +89,7 @@ def buffer_layout(buffer):
     layout = Layout(list(buffer.inputs), graph,
                     costs=[v for v in buffer.variables if getattr(v, "ndim", 1) == 0],
                     counts=counts)
-    return layout, RowWise(layout)
+    return layout, Rows(layout)
 
 
 def buffer_accumulators(buffer, loss_reduction="mean", layout=None):
@@ -169,7 +169,7 @@ def _increment(scheme, expr):
 
 def _classifier(inputs, layout):
     """``kind(variable)``: how a monitored value combines over ranks (see the
-    module doc), read with ``layout``'s ``(Layout, RowWise)``."""
+    module doc), read with ``layout``'s ``(Layout, Rows)``."""
     from tmpi_adapters.graphs.outputs import classify
     rows = layout[1]
 

@@ -101,3 +101,18 @@ def test_models_that_stay_together_pass_the_digest_checks():
                         "together",
                         env=python_env()))
     assert "final b" in result.stdout
+
+
+@pytest.mark.mpi
+def test_local_batch_statistics_trade_exactness_for_one_collective():
+    """--batch-stats local: batch normalisation keeps each rank's statistics
+    (DDP without synchronised BatchNorm), said once; the running averages
+    are averaged in the step's exchange, and the ranks' models stay one."""
+    args = ("--framework", "theano", COUPLING, "10", "batch_norm")
+    one = cases(check(tmpi("wrap", "-n", "1", *args, env=python_env())).stdout)
+    local = check(tmpi("wrap", "-n", "2", "--batch-stats", "local", *args, env=python_env()))
+    assert "; 1 collective per step" in local.stdout, local.stdout[-2000:]
+    warning = [line for line in local.stderr.splitlines() if "--batch-stats local" in line]
+    assert len(warning) == 1 and "keeps 6 batch statistics per rank" in warning[0] \
+        and "batch_coupling.py:" in warning[0], local.stderr[-2000:]
+    assert cases(local.stdout)["batch_norm"] != one["batch_norm"]

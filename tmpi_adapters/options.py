@@ -27,6 +27,7 @@ BINDINGS = ("cores", "none")
 COMPILE_DIRS = ("shared", "per-rank")
 OUTPUTS = ("averaged", "local")
 LOSS_REDUCTIONS = ("mean", "sum")
+BATCH_STATS = ("global", "local")
 
 
 #: Transfer precisions of exchanged buffers (``--precision``).
@@ -141,7 +142,15 @@ class Options:
     warmup_steps: int = option(0, "weak scaling: reach the full --lr-scaling over this many "
                                   "steps", type=int, check=_non_negative("--warmup-steps"))
     loss_reduction: str = option("mean", "how the script's loss reduces over a batch "
-                                         "(default mean)", choices=LOSS_REDUCTIONS)
+                                         "(default mean); read only where tmpi does not read "
+                                         "the step's graph itself (--scaling weak, rules that "
+                                         "exchange parameters)", choices=LOSS_REDUCTIONS)
+    batch_stats: str = option("global", "batch statistics (a BatchNorm's mean and variance, "
+                                        "any value the step reduces over the batch's rows "
+                                        "and reads again): over the whole batch, as one "
+                                        "process computes them (default), or each rank's "
+                                        "own, for speed, results then differing from one "
+                                        "process's", choices=BATCH_STATS)
     outputs: str = option("averaged", "what a training step returns (loss, accuracy): "
                                       "averaged over ranks after every step (default), or "
                                       "each rank's own, so that asynchronous rules' ranks "

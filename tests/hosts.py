@@ -103,8 +103,13 @@ class EmulatedHosts:
             raise ValueError("%d hosts asked for, %d are up" % (len(slots), len(self.names)))
         return ",".join("%s:%d" % (name, count) for name, count in zip(self.names, slots))
 
-    def mpiexec_args(self, *slots):
-        """hydra's arguments that start ranks on the first hosts (``slots`` each)."""
+    def mpiexec_args(self, *slots, flavor="hydra", passed=()):
+        """The MPI launcher's arguments that start ranks on the first hosts
+        (``slots`` each): hydra's, or Open MPI's (``flavor="openmpi"``, which
+        passes on only the variables ``passed`` names)."""
+        if flavor == "openmpi":
+            return ["--host", self.spec(*slots), "--mca", "plm_rsh_agent",
+                    self.launcher_exec] + [word for name in passed for word in ("-x", name)]
         return ["-hosts", self.spec(*slots), "-launcher", "ssh",
                 "-launcher-exec", self.launcher_exec] + _control_interface()
 

@@ -22,7 +22,8 @@ import time
 
 import pytest
 
-from conftest import EXAMPLES, MPIEXEC, ROOT, SCRIPTS, assert_close, check, rank_env, run, tmpi
+from conftest import (EXAMPLES, MPI_FLAVOR, MPIEXEC, ROOT, SCRIPTS, assert_close, check, rank_env,
+                      run, tmpi)
 from hosts import emulated_hosts  # noqa: F401 (the fixture)
 from test_reliability import START_TIMEOUT, Job, own_lines
 
@@ -57,11 +58,19 @@ def probe(hosts, *slots, env=None):
     """PROBE on the first hosts (``slots`` ranks each) under plain mpiexec:
     ``{rank: what it saw}``."""
     n = sum(slots)
-    result = check(run([MPIEXEC, "-n", str(n)] + hosts.mpiexec_args(*slots) +
+    result = check(run([MPIEXEC, "-n", str(n)] + placed(hosts, *slots) +
                        [sys.executable, "-c", PROBE], env=env, timeout=120))
     [seen] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[")]
     assert sorted(s["rank"] for s in seen) == list(range(n)), result.stdout
     return {s["rank"]: s for s in seen}
+
+
+def placed(hosts, *slots):
+    """The venv's MPI launcher's words for ranks on the first hosts (``slots``
+    each); Open MPI is told which variables of this test to pass on (hydra
+    passes them all)."""
+    return hosts.mpiexec_args(*slots, flavor=MPI_FLAVOR, passed=[
+        "TMPI_HOSTS_TEST_MARKER", "UCX_PROTO_INFO", "PYTHONPATH", "THEANO_FLAGS"])
 
 
 # -- the harness -------------------------------------------------------------------------
@@ -125,7 +134,7 @@ def test_harness_mpi_traffic_between_hosts_crosses_their_links(hosts):
     on UCX, UCX says so too: inter-node protocols over TCP on eth0."""
     first, second = hosts.names[:2]
     before = {name: hosts.link_bytes(name) for name in (first, second)}
-    result = check(run([MPIEXEC, "-n", "4"] + hosts.mpiexec_args(2, 2) +
+    result = check(run([MPIEXEC, "-n", "4"] + placed(hosts, 2, 2) +
                        [sys.executable, "-c", TRAFFIC],
                        env=rank_env(UCX_PROTO_INFO="y"), timeout=120))
     sent = {name: hosts.link_bytes(name) - before[name] for name in (first, second)}
@@ -145,11 +154,15 @@ def test_harness_mpi_traffic_between_hosts_crosses_their_links(hosts):
 def ucx_transports(text, scope):
     """The transports UCX_PROTO_INFO's tables name for ``scope``
     (``inter-node``, ``intra-node``) in ``text``."""
-    found, inside = set(), False
+    found, inside = set(), {}
     for line in text.splitlines():
+        # The ranks' tables come interleaved: each line names its process.
+        process = re.search(r"\] \[(\S+?:\s*\d+)\s*:\d+\]", line)
+        if process is None:
+            continue
         if "ucp_context" in line:
-            inside = " %s cfg#" % scope in line
-        elif inside:
+            inside[process.group(1)] = " %s cfg#" % scope in line
+        elif inside.get(process.group(1)):
             match = re.search(r"\|\s*(\w+/\w+)\s*\|\s*$", line)
             if match:
                 found.add(match.group(1))
@@ -172,7 +185,7 @@ def test_harness_enters_a_host_as_ssh_would(hosts):
 def test_harness_stops_and_kills_a_hosts_processes(hosts):
     # Plain mpiexec: two ranks that wait, one on each host.
     process = subprocess.Popen(
-        [MPIEXEC, "-n", "2"] + hosts.mpiexec_args(1, 1) +
+        [MPIEXEC, "-n", "2"] + placed(hosts, 1, 1) +
         [sys.executable, "-c", "import time; from mpi4py import MPI; print('up', flush=True); "
                                "time.sleep(120)"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=rank_env())
@@ -194,7 +207,9 @@ def test_harness_stops_and_kills_a_hosts_processes(hosts):
         assert _state(stopped) == "T"
         hosts.kill_host(hosts.names[1], signal.SIGKILL)
         code = process.wait(timeout=60)
-        assert code != 0
+        # Open MPI's launcher says a daemon failed to report back, and exits 0
+        # (tmpi's watch does not take that for a success: the ranks did not finish).
+        assert code != 0 or MPI_FLAVOR == "openmpi"
         assert hosts.host_pids(hosts.names[1]) == []
     finally:
         process.kill()

@@ -94,8 +94,9 @@ class Job:
         return found
 
     def rank_pid(self, rank):
+        """The process that runs the script as ``rank`` (not a supervisor above it)."""
         for pid, env in self.processes().items():
-            if env.get("PMI_RANK") == str(rank):
+            if rank_of(env) == rank and runs_script(pid):
                 return pid
         raise AssertionError("rank %d of the job is not running" % rank)
 
@@ -118,6 +119,27 @@ class Job:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+#: Where MPI launchers name a process's rank: hydra's PMI, Open MPI, PMIx.
+RANK_NAMES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def rank_of(env):
+    """The rank a launcher gave the process of environment ``env``, or ``None``."""
+    for name in RANK_NAMES:
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return None
+
+
+def runs_script(pid):
+    """True for a process that runs a rank's script (tmpi's runtime)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return b"tmpi_adapters.launch.runtime" in handle.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def checkpoints(directory):
@@ -216,17 +238,20 @@ def test_killing_mpiexec_is_reported_and_leaves_nothing_running():
     job = Job("wrap", "-n", "2", MLP, "--epochs", "100000", "--batch-size", "16")
     try:
         job.wait_for_output("epoch  2/")
-        launchers = [pid for pid, env in job.processes().items() if "PMI_RANK" not in env
+        launchers = [pid for pid, env in job.processes().items() if rank_of(env) is None
                      and pid != job.process.pid]
-        mpiexec = [pid for pid in launchers if b"mpiexec" in open(
-            "/proc/%d/cmdline" % pid, "rb").read().split(b"\0")[0]]
+        # hydra's mpiexec, or Open MPI's (prterun, as its mpiexec runs it)
+        mpiexec = [pid for pid in launchers if os.path.basename(open(
+            "/proc/%d/cmdline" % pid, "rb").read().split(b"\0")[0]) in (
+                b"mpiexec", b"mpiexec.hydra", b"mpirun", b"prterun")]
         assert mpiexec, launchers
         os.kill(mpiexec[0], signal.SIGKILL)
         code, _, stderr = job.finish()
     finally:
         job.kill()
     assert code == 128 + signal.SIGKILL, stderr
-    assert "tmpi: mpiexec (pid %d) was killed by signal 9 (SIGKILL)" % mpiexec[0] in stderr
+    assert "tmpi: mpiexec (pid %d) was killed by signal 9 (SIGKILL)" % mpiexec[0] in stderr, \
+        stderr
     assert not job.processes(), "processes left behind: %s" % job.processes()
 
 
@@ -273,7 +298,7 @@ def test_killing_tmpi_itself_leaves_no_rank_behind():
     job = Job("wrap", "-n", "2", MLP, "--epochs", "100000", "--batch-size", "16")
     try:
         job.wait_for_output("epoch  2/")
-        ranks = [pid for pid, env in job.processes().items() if "PMI_RANK" in env]
+        ranks = [pid for pid, env in job.processes().items() if rank_of(env) is not None]
         assert len(ranks) == 2
         job.process.send_signal(signal.SIGKILL)
         killed = time.monotonic()

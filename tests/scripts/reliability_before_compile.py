@@ -12,7 +12,7 @@ import numpy as np
 import theano
 import theano.tensor as T
 
-rank = int(os.environ.get("PMI_RANK", "0"))
+rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 if sys.argv[1] == "chdir":
     os.chdir(sys.argv[2])
 elif rank == 1 and sys.argv[1] == "stdin":

@@ -14,7 +14,7 @@ import theano
 import theano.tensor as T
 
 mode, fail_at = sys.argv[1], int(sys.argv[2])
-rank = int(os.environ.get("PMI_RANK", "0"))
+rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
 
 x = T.matrix("x")
 W = theano.shared(np.zeros((3, 2)), name="W")

@@ -20,7 +20,8 @@ import theano
 import theano.tensor as T
 
 stays_down = os.environ.get("TMPI_TEST_STAYS_DOWN")
-rank, size = int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
+rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+size = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
 if stays_down and os.path.exists(stays_down) and size > 1 and rank == size - 1:
     os.kill(os.getpid(), signal.SIGKILL)
 

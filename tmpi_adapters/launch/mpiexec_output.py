@@ -1,8 +1,9 @@
 """What ``mpiexec`` writes, forwarded as it comes (:class:`MpiexecOutput`,
 a part of :class:`~tmpi_adapters.launch.watch.JobWatch`): a progress bar's
-redraws at once, MPICH's termination banner and ``MPI_Abort`` chatter read
-and held back (tmpi says the same in one sentence naming the rank), hydra's
-traces held back unless tmpi has nothing better to say.
+redraws at once, MPICH's termination banner, Open MPI's notices and the
+``MPI_Abort`` chatter of both read and held back (tmpi says the same in one
+sentence naming the rank), hydra's traces held back unless tmpi has nothing
+better to say.
 """
 import os
 import re
@@ -21,6 +22,23 @@ _EXIT_STRING = re.compile(rb"EXIT STRING: (.*?)\s*$")
 # Hydra's own trace of a job torn down, held back unless tmpi can say nothing
 # better (a proxy on another host that lost its rank or its connection).
 _HYDRA_TRACE = re.compile(rb"^\[(proxy:[\d:]+@\S+|mpiexec@\S+)\] ")
+# Open MPI's own trace of a job torn down (its error handler's lines, its
+# launcher's warnings), held back as hydra's is.
+_OPEN_MPI_TRACE = re.compile(rb"^(\[[^\]\n]+\] \*\*\* |\[\S+:\d+\] plm:\S+: Warning: )")
+# Open MPI's notices come as blocks between rules of dashes (its show-help).
+_OPEN_MPI_RULE = re.compile(rb"^-{40,}\s*$")
+#: The longest notice held back while it is read.
+_OPEN_MPI_LINES = 80
+_OPEN_MPI_ABORT = re.compile(rb"MPI_ABORT was invoked on rank (\d+) in communicator .*?"
+                             rb"Errorcode: (-?\d+)", re.S)
+_OPEN_MPI_CALLED_ABORT = re.compile(rb"has exited due to process rank \d+ with PID \d+ on\s+"
+                                    rb"node \S+ calling\s+\"abort\"")
+_OPEN_MPI_IMPROPER = re.compile(rb"has exited due to process rank (\d+) with PID (\d+) on\s+"
+                                rb"node (\S+) exiting\s+improperly")
+_OPEN_MPI_LOST_PEER = re.compile(rb"An MPI communication peer process has unexpectedly\s+"
+                                 rb"disconnected")
+_OPEN_MPI_SIGNAL = re.compile(rb"noticed that process rank (\d+) with PID (\d+) on node "
+                              rb"(\S+) exited on\s+signal (\d+)")
 
 
 def _lines_and_redraws(stream):
@@ -50,10 +68,13 @@ class MpiexecOutput:
     """The threads that read ``mpiexec``'s stdout and stderr for the watch.
 
     What they find, for the watch's final word: ``terminations`` (``(pid,
-    host, exit code, exit string)`` of each banner), ``aborts`` (``(rank,
-    code)`` of ``MPI_Abort`` calls), ``reports_seen`` (``tmpi: ...`` lines
-    passed on) and ``hydra_trace`` (hydra's lines, held back).  The class
-    using it sets those and ``process`` (the ``mpiexec``).
+    host, exit code, exit string)`` of each banner: hydra's, or Open MPI's
+    notice of a rank a signal killed), ``aborts`` (``(rank, code)`` of
+    ``MPI_Abort`` calls), ``improper`` (``(rank, pid, host)`` of ranks Open
+    MPI saw leave without finalizing), ``reports_seen`` (``tmpi: ...``
+    lines passed on) and ``hydra_trace`` (hydra's and Open MPI's traces of
+    a job torn down, held back).  The
+    class using it sets those and ``process`` (the ``mpiexec``).
     """
 
     def _pump_stdout(self):
@@ -103,18 +124,51 @@ class MpiexecOutput:
 
     def _pump_stderr(self):
         sink = sys.stderr.buffer
+        notice = None  # the lines of an Open MPI notice being read
         for line in _lines_and_redraws(self.process.stderr):
+            if notice is not None:
+                notice.append(line)
+                if _OPEN_MPI_RULE.match(line) or len(notice) > _OPEN_MPI_LINES:
+                    self._end_notice(notice, sink)
+                    notice = None
+                continue
+            if _OPEN_MPI_RULE.match(line):
+                notice = [line]
+                continue
+            if not line.strip(b"\0"):
+                continue  # what Open MPI's forwarding of a rank's stream leaves at its end
             noise = _NOISE.match(line)
             if noise:
                 self.aborts.append((int(noise.group(2)), int(noise.group(1))))
                 continue
             if line.startswith(b"tmpi: "):
                 self.reports_seen.add(line.strip())
-            if _HYDRA_TRACE.match(line):
+            if _HYDRA_TRACE.match(line) or _OPEN_MPI_TRACE.match(line):
                 self.hydra_trace.append(line)
                 continue
             self._write(sink, [line])
+        self._write(sink, notice or [])
         self.process.stderr.close()
+
+    def _end_notice(self, lines, sink):
+        """An Open MPI notice: what tmpi says better is noted and held back
+        (an abort tmpi's rank called, a rank a signal killed, a rank that
+        left without finalizing), anything else passed on."""
+        text = b"".join(lines)
+        abort, signalled = _OPEN_MPI_ABORT.search(text), _OPEN_MPI_SIGNAL.search(text)
+        improper = _OPEN_MPI_IMPROPER.search(text)
+        if abort:
+            self.aborts.append((int(abort.group(1)), int(abort.group(2))))
+        elif signalled:
+            self.terminations.append((int(signalled.group(2)), signalled.group(3).decode(),
+                                      None, "signal %s" % signalled.group(4).decode()))
+        elif improper:
+            self.improper.append((int(improper.group(1)), int(improper.group(2)),
+                                  improper.group(3).decode()))
+        elif _OPEN_MPI_LOST_PEER.search(text):
+            self.hydra_trace.extend(lines)  # a rank whose peer died: the peer is named
+        elif not _OPEN_MPI_CALLED_ABORT.search(text):
+            self._write(sink, lines)
 
     @staticmethod
     def _write(sink, lines):

@@ -53,6 +53,8 @@ RANK_NAMES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 SIZE_NAMES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS")
 
 
+#: Seconds a supervisor whose rank a signal killed stays after saying so.
+KILLED_GRACE = 0.5
 #: The words before a rank's command that run it under a supervisor
 #: (``tmpi wrap --hosts``).
 SUPERVISED = [sys.executable, "-m", "tmpi_adapters.launch.supervise"]
@@ -202,6 +204,10 @@ def supervise(command, preexec_fn=None, preemption=None):
             rank, _ = launcher_place()
             if rank is not None:
                 mark(rank, "killed", str(-status), life=False)
+                # The MPI launcher tears the job down when this process ends:
+                # a moment for the ranks killed at the same time (a host's
+                # ranks, an out-of-memory kill) to have theirs named too.
+                time.sleep(KILLED_GRACE)
         else:
             report_killed(child.pid, -status)
     return 128 - status

@@ -97,6 +97,7 @@ class JobWatch(MpiexecOutput, Stopping):
         self.host = socket.gethostname()
         self.terminations = []   # (pid, host, exit code, exit string) from the banner
         self.aborts = []         # (rank, code) of MPI_Abort calls tmpi did not make
+        self.improper = []       # (rank, pid, host) Open MPI saw leave without finalizing
         self.vanished = None     # (RankInfo, seconds) of a rank gone without a word
         self.interrupted = None  # the signal that stopped the launcher
         #: A preemption whose step did not end within its grace stopped the
@@ -348,6 +349,15 @@ class JobWatch(MpiexecOutput, Stopping):
         if not messages and not failed and any(exits.values()):
             # The script's own status (mpiexec would OR those of the ranks).
             code = [exits[r] for r in sorted(exits) if exits[r]][0]
+        left = [(rank, pid) for rank, pid, _ in self.improper if not self._finished(rank)]
+        if left and not messages and not failed:
+            # Open MPI names the rank that left without finalizing MPI.
+            rank, pid = left[0]
+            self.failure = "rank %d left without finishing the script" % rank
+            messages.append("tmpi: rank %d (pid %d) left without finishing the script or "
+                            "finalizing MPI (os._exit, or a library that ended the process); "
+                            "mpiexec stopped the other ranks.%s" % (rank, pid, self._tail(rank)))
+            code = 1
         if not messages and code == 0 and not failed:
             unfinished = sorted(r for r in ranks if not self._finished(r)
                                 and (ranks[r].host in (None, self.host) or

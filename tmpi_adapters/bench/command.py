@@ -22,7 +22,8 @@ processes
     jobs: the conv net per step, the tiny MLP per epoch (:mod:`.processes`);
 collectives
     collectives per BSP step of a plain Theano, a Lasagne and a Keras
-    script, counted from ``--record`` (:mod:`.collectives`);
+    script, counted from ``--record``, with ``--batch-stats local`` (the
+    bar: one) and exact (reported) (:mod:`.collectives`);
 envelopes
     the same N-rank job with ``TMPI_ENVELOPES=0`` against the default
     (:mod:`.envelopes`);

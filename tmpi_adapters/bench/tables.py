@@ -87,11 +87,14 @@ def _collectives_rows(collectives):
     rows = []
     for framework, found in collectives.items():
         counts = found["collectives_per_step"]
-        rows.append("| %s | %s | %d | %s |" % (
+        exact = found.get("exact_collectives_per_step")
+        rows.append("| %s | %s | %d | %s | %s |" % (
             framework, found["script"], found["steps"],
-            "%d .. %d" % (counts["min"], counts["max"]) if counts else "no steps"))
+            "%d .. %d" % (counts["min"], counts["max"]) if counts else "no steps",
+            "%d .. %d" % (exact["min"], exact["max"]) if exact else "-"))
     return _table(rows, ["framework", "script (tmpi wrap -n %d --record)" % next(
-        iter(collectives.values()))["ranks"], "steps", "collectives per step"])
+        iter(collectives.values()))["ranks"], "steps", "collectives per step, "
+        "--batch-stats local", "exact (the default)"])
 
 
 def _envelopes_rows(envelopes):

@@ -88,6 +88,12 @@ class RowRules:
         """``second(a, b)``: ``b`` shaped like ``a``; only ``a``'s shape counts."""
         shape, value = ins
         a, b = node.inputs
+        if isinstance(shape, int) and (value is SAME or value == SHAPE) and \
+                (b.ndim < a.ndim or b.broadcastable[shape]):
+            # Ones (zeros, a size) shaped like the rows: read from sizes only, so its
+            # whole value is rebuilt from the global sizes (sum(ones_like(x)) counts rows).
+            self._sized.add(node.outputs[0])
+            return [shape], self._apply(node, [self.local(a), self.replicated(b, node)])
         if isinstance(shape, int):
             if isinstance(value, int) and value != shape:
                 return self._whole_inputs(node, ins)

@@ -315,6 +315,16 @@ class Rows(RowRules):
             result = T.cast(result, variable.dtype)
         elif name == "ARange" and variable in self._positions:
             result = self._apply(node, [self.global_value(v) for v in node.inputs])[0]
+        elif name == "Elemwise" and type(node.op.scalar_op).__name__ == "Second" and \
+                isinstance(self(node.inputs[0]), int) and node.inputs[0] not in self._sized:
+            # b shaped like rows a: only a's global shape is needed, not its values.
+            a, b = node.inputs
+            axis, local = self(a), self.local(a)
+            shape = [self.global_length(a, k) if k == axis else local.shape[k]
+                     for k in range(a.ndim)]
+            value = self.global_value(b) if self(b) == SHAPE else self.local(b)
+            result = T.patternbroadcast(T.alloc(T.cast(value, variable.dtype), *shape),
+                                        variable.broadcastable)
         else:
             inputs = [self.global_value(v) if self(v) == SHAPE or v in self._sized
                       else self.replicated(v) for v in node.inputs]
@@ -349,11 +359,15 @@ class Rows(RowRules):
         if name == "Subtensor" and ins[0] == SHAPE and _shape_entry(self, node) is False:
             return [SAME], self._apply(node, inputs)
         if any(isinstance(m, int) for m in ins):
-            # Rows built from sizes, transformed: the ordinary rules, still sized.
+            # Rows built from sizes, transformed: the ordinary rules, still sized;
+            # reduced over the rows, a value of the sizes alone (a count of rows).
             marks, forms = self._rule(node, ins, sized=False)
-            for variable, mark in zip(node.outputs, marks):
+            for k, (variable, mark) in enumerate(zip(node.outputs, marks)):
                 if isinstance(mark, int):
                     self._sized.add(variable)
+                elif mark in PARTIAL and self.convert:
+                    marks[k] = SHAPE
+                    forms[k] = self.global_value(variable)
             return marks, forms
         marks = []
         for variable in node.outputs:

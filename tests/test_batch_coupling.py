@@ -47,7 +47,7 @@ def one_rank(request):
     result = check(tmpi("wrap", "-n", "1", "--framework", "theano", COUPLING, str(batch),
                         env=python_env()))
     found = cases(result.stdout)
-    assert len(found) == 35 and all(head == "final" for head, _ in found.values()), found
+    assert len(found) == 41 and all(head == "final" for head, _ in found.values()), found
     return batch, found
 
 
@@ -116,3 +116,19 @@ def test_local_batch_statistics_trade_exactness_for_one_collective():
     assert len(warning) == 1 and "keeps 6 batch statistics per rank" in warning[0] \
         and "batch_coupling.py:" in warning[0], local.stderr[-2000:]
     assert cases(local.stdout)["batch_norm"] != one["batch_norm"]
+
+
+@pytest.mark.mpi
+def test_record_names_the_collectives_where_rows_meet(tmp_path):
+    record = tmp_path / "run.jsonl"
+    check(tmpi("wrap", "-n", "2", "--framework", "theano", "--record", record, COUPLING, "10",
+               "mean", "batch_norm", env=python_env()))
+    import json
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    summary = [r for r in rows if r.get("type") == "summary"][-1]
+    couplings = summary["couplings"]
+    # mean: the exchange alone; batch_norm: 4 levels (mean, variance, their gradients).
+    assert set(couplings) == {"train_fn#1"}, couplings
+    levels = couplings["train_fn#1"]
+    assert len(levels) == 4 and all(levels), levels
+    assert all("batch_coupling.py:" in text for text in levels[0]), levels[0]

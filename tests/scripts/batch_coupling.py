@@ -9,7 +9,7 @@ rows of a batch in one way: a reduction over the rows other than a mean
 statistic (centring, batch normalisation and its running averages), rows
 picked by index (the first row, halves, pairs, neighbours), products over the
 rows (Gram matrices, decorrelation), a softmax or a sort across the batch, a
-scan over the rows, values as long as the batch that are not split (per-row
+random permutation of the rows, a scan over the rows, values as long as the batch that are not split (per-row
 weights in a shared variable or a constant, class weights that happen to be
 as long as the batch), and values the updates read (a learning rate from the
 loss, a gated step, a counter of rows).  The cases cycle through SGD,
@@ -210,6 +210,31 @@ def case_dataset_normalisation(n):
     return T.sum(n.nll) * (total / B) / total + 0.5 * T.sum(n.W1 ** 2) / total
 
 
+def case_per_class_mean(n):
+    one_hot = T.extra_ops.to_one_hot(n.y, C)
+    centres = T.dot(one_hot.T, n.h) / (T.sum(one_hot, axis=0)[:, None] + 1.0)
+    return n.nll.mean() + 0.1 * T.mean((n.h - T.dot(one_hot, centres)) ** 2)
+
+
+def case_max_over_rows_per_feature(n):
+    top = T.max(n.h, axis=0)
+    return n.nll.mean() + 0.1 * T.sum((n.h - top) ** 2) / B
+
+
+def case_product_over_rows(n):
+    return n.nll.mean() - 0.1 * T.prod(T.nnet.sigmoid(n.scores[:, 0]))
+
+
+def case_log_softmax_over_batch(n):
+    return -T.mean(T.nnet.logsoftmax(n.scores.T)[:, 0])
+
+
+def case_permuted_rows(n):
+    from theano.tensor.shared_randomstreams import RandomStreams
+    order = RandomStreams(7).permutation(n=n.x.shape[0])   # drawn for the batch's rows
+    return n.nll.mean() + 0.1 * T.mean((n.h - n.h[order]) ** 2)
+
+
 def case_loss_gated(n):
     return ifelse(T.gt(n.nll.mean(), 0.9), n.nll.mean(), 0.5 * n.nll.mean())
 
@@ -226,6 +251,19 @@ def class_weights_case(seed):
     inputs, batches = n.batches()
     table = np.linspace(1.0, 2.0, B).astype(floatX)
     return n, inputs + [weights], loss, [b + [table] for b in batches], None
+
+
+def joined_halves_case(seed):
+    """``[real; fake]`` joined from two inputs of the batch's rows, split again."""
+    n = Net(seed)
+    fake = T.matrix("fake")
+    both = T.concatenate([n.x, T.tanh(fake)], axis=0)
+    scores = T.dot(T.tanh(T.dot(both, n.W1) + n.b1), n.W2)[:, 0]
+    half = n.x.shape[0]
+    loss = T.mean(T.nnet.softplus(-scores[:half])) + T.mean(T.nnet.softplus(scores[half:]))
+    inputs, batches = n.batches()
+    fakes = [n.rng.standard_normal((size, F)).astype(floatX) for size in SIZES]
+    return n, inputs + [fake], loss, [b + [f] for b, f in zip(batches, fakes)], None
 
 
 def read_by_updates_case(seed, kind):
@@ -248,6 +286,8 @@ def read_by_updates_case(seed, kind):
 def build(name, seed):
     if name == "class_weights":
         return class_weights_case(seed)
+    if name == "joined_halves":
+        return joined_halves_case(seed)
     if name in ("adaptive_rate", "gated_step", "row_counter"):
         return read_by_updates_case(seed, name)
     n = Net(seed)
@@ -280,7 +320,8 @@ def optimizer(kind, loss, params, rate):
     return updates, [step] + ms + vs
 
 
-NAMES = sorted(list(CASES) + ["class_weights", "adaptive_rate", "gated_step", "row_counter"])
+NAMES = sorted(list(CASES) + ["class_weights", "joined_halves", "adaptive_rate", "gated_step",
+                               "row_counter"])
 
 
 def run(name, seed):

@@ -284,8 +284,6 @@ def refusal_error(key, refusal, size=2):
     what = type(node.op).__name__ if node is not None else "an expression"
     return ConfigError(
         "%s: the rows of its batch meet in %s%s, where %s, so %d ranks cannot compute what "
-        "one process computes from the whole batch. Draw random numbers with "
-        "theano.sandbox.rng_mrg.MRG_RandomStreams' or RandomStreams' uniform, normal or "
-        "binomial (tmpi draws them for the whole batch), or run with --scaling weak so "
-        "that each rank takes whole batches." % (
+        "one process computes from the whole batch. Run with --scaling weak so that each "
+        "rank takes whole batches." % (
             key, what, " made at %s" % where if where else "", refusal.why, size))

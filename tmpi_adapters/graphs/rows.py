@@ -419,7 +419,8 @@ class Rows(RowRules):
         """A random op.  Drawn for the whole batch on every rank, as tmpi draws
         (its size reads the :data:`NOISE_WINDOW`): the one-process draw,
         whole; drawn from the batch's values or shaped like a rank's rows
-        some other way: :data:`DRAW`, refused where it is used."""
+        some other way: drawn again from the whole batch's sizes and values
+        (converting), or :data:`DRAW` (strict: not split)."""
         from theano.gof.graph import inputs as graph_inputs
         window = any(getattr(v, "name", None) == NOISE_WINDOW
                      for v in graph_inputs(list(node.inputs)))
@@ -427,5 +428,13 @@ class Rows(RowRules):
         if window and not any(isinstance(m, int) and v not in self._sized or m in PARTIAL
                               for m, v in zip(ins, node.inputs)):
             return [REPL] * len(node.outputs), local
-        return [DRAW] * len(node.outputs), local
+        if not self.convert:
+            return [DRAW] * len(node.outputs), local
+        # Any other draw shaped by the batch (a permutation of its rows, a draw from
+        # its values): every rank draws the whole batch's numbers from the same
+        # generator state, which then advances as in one process (the generator's
+        # update is converted with the step).
+        inputs = [self.global_value(v) if m == SHAPE else self.replicated(v, node)
+                  for m, v in zip(ins, node.inputs)]
+        return [REPL] * len(node.outputs), self._apply(node, inputs)
 

@@ -123,6 +123,11 @@ class KerasEvaluation:
         self.kinds = list(kinds)
         self.combine = list(combine)
         self.window = window
+        #: the arguments that are Keras' sample weights: a loss weighted by them is
+        #: normalised by the share of nonzero weights, a value of the whole batch
+        inputs = getattr(getattr(function, "maker", None), "inputs", None) or []
+        self._weights = [k for k, i in enumerate(inputs)
+                         if (getattr(i.variable, "name", None) or "").endswith("_sample_weights")]
 
     def __getattr__(self, name):
         return getattr(self.fn, name)
@@ -130,7 +135,11 @@ class KerasEvaluation:
     def __call__(self, *args):
         session = self.session
         rows = batch_rows(args)
-        if rows is None:
+        if rows is None or any(k < len(args) and not np.all(np.asarray(args[k]))
+                               for k in self._weights):
+            # Zero sample weights: Keras divides the loss by the share of nonzero
+            # weights in the whole batch, which no rank's share has: every rank
+            # evaluates the whole batch (the same on every rank, nothing combined).
             return self.fn(*args)
         lo, hi, weight = local_rows(rows, session.rank, session.size)
         local = cut_rows(args, rows, lo, hi)

@@ -84,6 +84,9 @@ class DistributedFunction:
         The function returns one value, not a list.
     combiner : tmpi_adapters.core.combine.Combiner, optional
         Combines, after each step, what the step's exchange did not carry.
+    coupled : tmpi_adapters.frameworks.theano_split.CoupledCombiner, optional
+        The converted step (its levels of collectives), where the row analysis
+        converted the graph: every call then says which rows this rank runs.
     first_split : tmpi_adapters.frameworks.theano_split.FirstSplit, optional
         ``first_split(sizes, cut)``, called before the first call whose ranks
         run different row counts, returns the function compiled again (a graph
@@ -93,8 +96,11 @@ class DistributedFunction:
     """
 
     def __init__(self, adapter, compiled, model, plan=None, single_output=False,
-                 combiner=None, first_split=None):
+                 combiner=None, first_split=None, coupled=None):
         self.adapter = adapter
+        #: the step converted by the row analysis (its collectives read which
+        #: rows this rank runs, set before every call), or ``None``
+        self.coupled_step = coupled
         self.session = adapter.session
         self.fn = compiled
         self.model = model
@@ -121,7 +127,7 @@ class DistributedFunction:
     def coupled(self):
         """True when the step's graph was converted by the row analysis (its
         collectives read which rows this rank runs)."""
-        return getattr(self.model, "coupled", None) is not None
+        return self.coupled_step is not None
 
     # -- batches --------------------------------------------------------------------
     @property
@@ -239,8 +245,17 @@ class DistributedFunction:
         that they agree)."""
         session = self.session
         self.last_weight = weight
+        if self.coupled and session.size > 1 and not session.rows_set():
+            # Never a converted step on a stale window: its sums and gathers
+            # would silently take other rows than this call's.
+            raise TmpiError("%s: a converted training step was called without saying which "
+                            "rows this rank runs (an adapter bypassed the split); this is a "
+                            "bug in tmpi: please report it." % self.model.name)
         session.begin_step(self.model, weight, call=self.calls, rows=batch, data=data)
-        outputs = self.fn(*args, **kwargs)
+        try:
+            outputs = self.fn(*args, **kwargs)
+        finally:
+            session.forget_rows()
         values = [outputs] if self.single_output else list(outputs or [])
         if values and self.combiner is not None:
             values = self.combiner(values, weight, rows, total=batch)

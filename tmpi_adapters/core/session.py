@@ -375,13 +375,21 @@ class Session:
             window.set_value(np.array([lo, hi, max(total, 1), max(hi - lo, 1)],
                                       dtype="int64"), borrow=True)
 
+    def rows_set(self):
+        """True when :meth:`set_rows` said which rows the coming call runs."""
+        return getattr(self, "_rows_share", None) is not None
+
+    def forget_rows(self):
+        """The call is over: the next one must say its rows again."""
+        self._rows_share = None
+
     def _shares(self):
         """Per rank, ``(rows, counts)`` in the running call, as every rank
         can tell from the global batch alone: its rows in the window's terms,
         and whether its parts count (not a padding row; in a call every rank
         runs whole, rank 0's only)."""
         from tmpi_adapters.core.batches import split_bounds
-        lo, hi, total, whole = getattr(self, "_rows_share", (0, 1, 1, True))
+        lo, hi, total, whole = getattr(self, "_rows_share", None) or (0, 1, 1, True)
         if whole:
             return [(1, True)] + [(0, False)] * (self.size - 1)
         if total == 0:
@@ -401,7 +409,7 @@ class Session:
         rank but rank 0 where each runs the whole call) gives nothing."""
         begin = time.perf_counter()
         shares = self._shares()
-        lo, hi = getattr(self, "_rows_share", (0, 1, 1, True))[:2]
+        lo, hi = (getattr(self, "_rows_share", None) or (0, 1, 1, True))[:2]
         mine = max(hi - lo, 1)
         counts_me = shares[self.rank][1]
         parts, layouts = [], []

@@ -193,10 +193,11 @@ class Recorder:
         self.last_summary["shared_cores"] = shared
         # Collectives besides the exchange where a step's rows meet, per
         # training function: what each makes whole and where (core/coupling.py).
+        steps = [(model, getattr(model.train_fn, "coupled_step", None))
+                 for model in self.session.models]
         self.last_summary["couplings"] = {
-            model.name: model.coupled.step.levels for model in self.session.models
-            if getattr(model, "coupled", None) is not None and model.step
-            and model.coupled.step.levels}
+            model.name: coupled.step.levels for model, coupled in steps
+            if coupled is not None and model.step and coupled.step.levels}
         return self.last_summary
 
     #: Steps (the latest) whose exchanges the summary compares across ranks.

@@ -362,11 +362,11 @@ class TheanoAdapter(FrameworkAdapter):
             markers)
         # Every piece of model state is updated from the whole batch inside the step.
         model.averaged_state = list(model.model_state)
-        model.coupled = CoupledCombiner(session, steps, name=key)
+        coupled = CoupledCombiner(session, steps, name=key)
         function_class = self.function_class or DistributedFunction
         function = function_class(self, compiled, model, plan=plan,
                                   single_output=rebuild_outputs.single,
-                                  combiner=model.coupled, first_split=first_split)
+                                  combiner=coupled, first_split=first_split, coupled=coupled)
         model.train_fn = function
         session.register_model(model)
         self.functions.append(function)

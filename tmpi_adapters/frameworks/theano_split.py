@@ -156,8 +156,8 @@ def default_updates(graph, updated):
 class CoupledCombiner:
     """What a converted training step still combines after its call: per-row
     values and extrema (:class:`~tmpi_adapters.core.combine.Combiner`), as the
-    latest compilation of the step says (``steps[-1]``).  A model's
-    ``coupled`` attribute: the end-of-run line reads :attr:`step`'s levels."""
+    latest compilation of the step says (``steps[-1]``).  Its training
+    function's ``coupled_step``: the end-of-run line reads :attr:`step`'s levels."""
 
     def __init__(self, session, steps, name):
         self.session, self.steps, self.name = session, steps, name

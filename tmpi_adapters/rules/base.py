@@ -218,7 +218,9 @@ class Rule:
         under a gradient rule, the model's state (statistics each rank
         computed from its own rows) averaged over the ranks' rows."""
         self.after_step(model, samples)
-        if self.exchanges == "gradients" and self.size > 1:  # one rank: nothing to average
+        # (A step converted by the row analysis updates its state whole: nothing to average.)
+        coupled = getattr(model.train_fn, "coupled", False)
+        if self.exchanges == "gradients" and self.size > 1 and not coupled:
             inside = {id(v) for v in model.averaged_state}
             state = [v for v in model.model_state if id(v) not in inside]
             if state:

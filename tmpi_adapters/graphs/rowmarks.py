@@ -206,10 +206,17 @@ def _linear(rows, node, ins):
             return SUM
         if isinstance(op, scalar.Cast):
             return SUM if node.outputs[0].dtype.startswith("float") else None
-        if isinstance(op, scalar.Mul) and len(partial) == 1:
-            return SUM if all(m is SAME or m in (REPL, SHAPE) for m, _ in others) else None
-        if isinstance(op, scalar.TrueDiv) and ins[0] == SUM and ins[1] not in PARTIAL:
-            return SUM if ins[1] is SAME or ins[1] in (REPL, SHAPE) else None
+        if isinstance(op, (scalar.Mul, scalar.TrueDiv)) and len(partial) == 1 and \
+                (isinstance(op, scalar.Mul) or ins[0] == SUM):
+            if not all(m is SAME or m in (REPL, SHAPE) for m, _ in others):
+                return None
+            # Scaled by a value that waits for a collective the partial sum does not
+            # (BatchNorm's backward: g_var * mean(x - mu)): the sum is made whole in
+            # the same level instead, not in one more after it.
+            mine = max(rows.level(v) for m, v in zip(ins, node.inputs) if m in PARTIAL)
+            if any(rows.level(v) > mine for _, v in others):
+                return None
+            return SUM
         return None
     if len(kinds) == 1 and len(partial) == 1 and not others:
         kind = partial[0]

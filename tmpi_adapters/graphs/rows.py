@@ -121,6 +121,7 @@ class Rows(RowRules):
         self._sized = set()          # row values computed from the batch's sizes alone
         self._positions = {}         # ARange(0, n) of the rows: its local positions
         self._zero = {}
+        self._levels = {}
         for variable in layout.data:
             axis = layout.axis(variable)
             self.marks.setdefault(variable, SAME if axis is None else axis)
@@ -160,6 +161,7 @@ class Rows(RowRules):
         if MIXED in ins:
             self._set(node, [MIXED] * n)
             return
+        made = len(self.requests)
         try:
             marks, forms = self._rule(node, ins)
         except _Strict:
@@ -168,10 +170,19 @@ class Rows(RowRules):
             if self.refusal is None:
                 self.refusal = refusal
             marks, forms = [MIXED] * n, None
-        self._set(node, marks, forms)
+        self._set(node, marks, forms, made)
 
-    def _set(self, node, marks, forms=None):
+    def level(self, variable):
+        """How many collectives, one after the other, the converted graph runs
+        before ``variable``'s value exists (0: none)."""
+        return self._levels.get(variable, 0)
+
+    def _set(self, node, marks, forms=None, made=0):
+        # This node's outputs wait for its inputs' collectives and its own requests.
+        depth = max([self.level(v) for v in node.inputs] +
+                    [1 + self.level(r.source) for r in self.requests[made:]] + [0])
         for k, variable in enumerate(node.outputs):
+            self._levels.setdefault(variable, depth)
             self.marks.setdefault(variable, marks[k])
             if forms is not None and forms[k] is not None and forms[k] is not variable:
                 form = forms[k]

@@ -29,10 +29,10 @@ class RowRules:
             return self._sizes_only(node, ins)
         if name in ("Shape", "Shape_i"):
             return self._shape(node, ins)
-        if name in IDENTITIES or (name.startswith("Gpu") and name in IDENTITIES):
-            if name == "SpecifyShape" and isinstance(ins[0], int):
-                return [ins[0]], [self.local(node.inputs[0])]
-            if name == "Assert":
+        if name in IDENTITIES:
+            # A shape declared for the whole batch, or a check of local sizes: not a
+            # rank's share's; the value passes through.
+            if name == "SpecifyShape" and isinstance(ins[0], int) or name == "Assert":
                 return [ins[0]], [self.local(node.inputs[0])]
             return [ins[0]], self._apply(node, [self.local(node.inputs[0])] +
                                          [self.local(v) for v in node.inputs[1:]])

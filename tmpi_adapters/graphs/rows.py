@@ -143,11 +143,6 @@ class Rows(RowRules):
         """``variable`` in the converted graph (its rank's value, as its mark says)."""
         return self.forms.get(variable, variable)
 
-    @property
-    def couples(self):
-        """True when the converted graph has collectives besides the exchange's."""
-        return bool(self.couplings)
-
     # -- the walk ------------------------------------------------------------------
     def _visit(self, node):
         ins = [self(v) for v in node.inputs]

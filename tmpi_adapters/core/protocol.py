@@ -217,7 +217,7 @@ def state_digest(variables: Sequence[SharedVariable]) -> tuple[int, tuple[list[s
         size = int(np.prod(getattr(value, "shape", ()), dtype=np.int64))
         step = max(1, size // DIGEST_SAMPLES)
         sample = np.ascontiguousarray(np.asarray(flat[step // 2::step][:DIGEST_SAMPLES]))
-        digest = zlib.crc32(sample.view(np.uint8), digest)
+        digest = zlib.crc32(sample.tobytes(), digest)
         names.append(variable_name(variable, i))
         sums.append(float(np.sum(np.abs(sample), dtype=np.float64))
                     if sample.dtype.kind in "fiub" else 0.0)

@@ -16,6 +16,7 @@ class RowRules:
     they use its marks, forms and conversions)."""
 
     def _rule(self, node, ins, sized=True):
+        from theano.compile.ops import ViewOp
         from theano.tensor.elemwise import CAReduce, DimShuffle, Elemwise
         op = node.op
         name = type(op).__name__
@@ -29,7 +30,9 @@ class RowRules:
             return self._sizes_only(node, ins)
         if name in ("Shape", "Shape_i"):
             return self._shape(node, ins)
-        if name in IDENTITIES:
+        if name in IDENTITIES or isinstance(op, ViewOp):
+            # (A ViewOp is an identity by Theano's contract: its subclasses too,
+            # a gradient reversal's or a user's marker.)
             # A shape declared for the whole batch, or a check of local sizes: not a
             # rank's share's; the value passes through.
             if name == "SpecifyShape" and isinstance(ins[0], int) or name == "Assert":
@@ -445,7 +448,18 @@ class RowRules:
         if rewrite is not None and self.local_rows is not None:
             return [decided], self._apply(node, [self.local(x),
                                                  rewrite.shape(self.local_rows)])
-        return [decided], self._apply(node, [self.local(x), self.local(node.inputs[1])])
+        target = self.local(node.inputs[1])
+        if shape is SAME and self.convert:
+            # A shape every rank holds alike, its row axis the whole batch's (read
+            # from a value made whole, or a constant): that axis's length scaled to
+            # the rank's share (a length -1 is left to the reshape).
+            lo, hi, total, _ = self._window()
+            length = target[decided]
+            share = self.T.switch(self.T.lt(length, 0), length,
+                                  length * self.T.cast(hi - lo, length.dtype) //
+                                  self.T.cast(total, length.dtype))
+            target = self.T.set_subtensor(target[decided], share)
+        return [decided], self._apply(node, [self.local(x), target])
 
     def _rule_Join(self, node, ins):
         from theano.tensor import get_scalar_constant_value

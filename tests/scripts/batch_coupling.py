@@ -239,6 +239,22 @@ def case_loss_gated(n):
     return ifelse(T.gt(n.nll.mean(), 0.9), n.nll.mean(), 0.5 * n.nll.mean())
 
 
+def case_gradient_reversal(n):
+    from theano.compile.ops import ViewOp
+
+    class Reverse(ViewOp):          # an identity whose gradient is turned round
+        def grad(self, inputs, output_grads):
+            return [-0.5 * output_grads[0]]
+
+    return n.nll.mean() + 0.1 * T.mean(T.max(Reverse()(n.h), axis=0) ** 2)
+
+
+def case_reshape_to_a_whole_length(n):
+    whole = n.h[::-1]                # gathered: its length is the whole batch's
+    pairs = T.reshape(n.h, (whole.shape[0] * 2, D // 2))
+    return n.nll.mean() + 0.1 * T.mean(T.sum(pairs ** 2, axis=1))
+
+
 CASES = {name[len("case_"):]: f for name, f in sorted(globals().items())
          if name.startswith("case_")}
 

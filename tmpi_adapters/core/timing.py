@@ -18,6 +18,7 @@ Every rank keeps its own records; rank 0 prints a summary averaged over ranks
 at the end.  The recording plugin (:mod:`tmpi_adapters.recording`) writes
 them to ``--record`` files and shows ``--progress``.
 """
+import re
 import socket
 import time
 
@@ -32,6 +33,8 @@ from tmpi_adapters.process.devices import describe as describe_device
 PHASES = ("compute", "comm", "wait", "data")
 #: How the summary line names each.
 LABELS = {"compute": "compute", "comm": "comm", "wait": "wait", "data": "between steps"}
+#: Functions whose rows meet that the end-of-run line names (the record has all).
+SHOWN_COUPLINGS = 3
 
 
 class Recorder:
@@ -255,9 +258,14 @@ class Recorder:
             text += "; %g collective%s per step" % (count, "" if count == 1 else "s")
             if abs(mean_count - count) > 1e-9:
                 text += " (median; mean %.2f)" % mean_count
-            for name, levels in sorted((summary.get("couplings") or {}).items()):
+            couplings = sorted((summary.get("couplings") or {}).items(),
+                               key=lambda item: _natural(item[0]))
+            for name, levels in couplings[:SHOWN_COUPLINGS]:
                 text += " (%s: the exchange + %d where the batch's rows meet, first %s)" % (
                     name, len(levels), levels[0][0])
+            if len(couplings) > SHOWN_COUPLINGS:
+                text += " (and %d more functions whose rows meet: --record names each)" % (
+                    len(couplings) - SHOWN_COUPLINGS)
         from tmpi_adapters.process.threads import blas_threads
         threads = blas_threads()
         if threads:
@@ -301,6 +309,11 @@ def scalar_outputs(values, names=None):
         name = names[i] if names[i] and names.count(names[i]) == 1 else "output%d" % i
         result[name] = number if np.isfinite(number) else None
     return result
+
+
+def _natural(name):
+    """A sort key that puts ``train_fn#2`` before ``train_fn#10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _ranks_by_host(hosts):

@@ -30,7 +30,7 @@ PIPCONF = $(VENV)/pip.conf
 PLUGIN_SOURCES = $(wildcard $(addsuffix /setup.py,$(PLUGINS)) $(addsuffix /pyproject.toml,$(PLUGINS)) \
                             $(addsuffix /README.md,$(PLUGINS)) $(addsuffix /tmpi_plugin_*/*.py,$(PLUGINS)))
 
-.PHONY: install demo test bench blocks gpu wheels clean venv FORCE
+.PHONY: install demo test bench blocks gpu slurm wheels clean venv FORCE
 
 install: $(STAMP) $(WHEELS) $(PIPCONF)
 
@@ -125,6 +125,24 @@ blocks: install
 # libgpuarray v0.7.6 source tree, LIBGPUARRAY_SRC=path.  See docs/gpu.md.
 gpu: install
 	VENV=$(VENV) LIBGPUARRAY_SRC=$(LIBGPUARRAY_SRC) bash tools/setup-gpu.sh
+
+# Debian's Slurm daemons and commands (slurmctld, slurmd, srun, sbatch) and
+# munge, for the suite's Slurm tests: a real cluster of two nodes on emulated
+# hosts (tools/emulated-slurm, tests/test_slurm.py), which skip, saying why,
+# where Slurm is not installed.  With apt, as root; CI runs it.
+SLURM_PACKAGES = slurmd slurmctld slurm-client munge
+slurm:
+	@if dpkg -s $(SLURM_PACKAGES) >/dev/null 2>&1; then \
+		echo "make slurm: $(SLURM_PACKAGES) are installed"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "make slurm: no apt here: install Slurm (slurmctld, slurmd, srun) and munge" \
+			"with this system's packages" >&2; exit 1; \
+	elif [ "$$(id -u)" != 0 ]; then \
+		echo "make slurm: installing $(SLURM_PACKAGES) needs root (sudo make slurm)" >&2; exit 1; \
+	else \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends $(SLURM_PACKAGES) >/dev/null; \
+	fi
 
 # The core and every plugin as wheels in dist/: elsewhere,
 # `pip install --find-links dist/ tmpi-plugin-gosgd` installs one by name.

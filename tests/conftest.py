@@ -58,9 +58,11 @@ def warm_theano():
 #: Test files by how long they take, longest first.  `make test` runs files on
 #: two workers (pytest-xdist, ``--dist loadfile``) in collection order, so the
 #: longest start first and the workers finish together; files not named here
-#: follow in their usual order.
-LONGEST_FIRST = ["test_gpu.py", "test_keras.py", "test_keras_example.py", "test_lasagne.py",
-                 "test_examples_lasagne.py", "test_bsp.py", "test_exchanger_fused.py",
+#: follow in their usual order.  test_slurm.py and test_hosts.py take turns
+#: with the emulated hosts (tests/hosts.py): they are kept apart.
+LONGEST_FIRST = ["test_gpu.py", "test_slurm.py", "test_keras.py", "test_keras_example.py",
+                 "test_lasagne.py", "test_examples_lasagne.py", "test_bsp.py",
+                 "test_exchanger_fused.py",
                  "test_reliability_checkpoint.py", "test_reliability_restart.py",
                  "test_transparency_graphs.py", "test_hosts.py",
                  "test_theanompi.py", "test_transparency_models.py", "test_keras_resume.py",

@@ -3,10 +3,14 @@
 ``tools/emulated-hosts`` makes each host a set of namespaces (network, UTS,
 IPC, mount) joined to this machine by a bridge: its own hostname, address
 and ``/tmp``, this machine's file system and process ids otherwise.  This
-module is its pytest side: the session-scoped :func:`emulated_hosts` fixture
+module is its pytest side: the module-scoped :func:`emulated_hosts` fixture
 brings :data:`COUNT` hosts up, yields an :class:`EmulatedHosts`, and takes
-them down at the end (unless they were up before the session: then they are
-left as they were found, but for processes the tests left on them).
+them down at the end of the module (unless they were up before: then they
+are left as they were found, but for processes the tests left on them).
+One test module at a time has them (:data:`LOCK`): the tests kill what runs
+on a host, halt hosts and cut them off, and each module ends by killing every
+process left on them, so two modules run at once by pytest-xdist's workers
+(``make test``), or by two pytest runs, would break each other's jobs.
 
 Use it from a test module with ``from hosts import emulated_hosts`` (the
 fixture) and ask for ``emulated_hosts``.  Where the hosts cannot be made
@@ -21,12 +25,14 @@ the hosts), and MPICH's UCX netmod sees ranks on other hosts as other nodes
 and talks TCP to them over their links (tests/test_hosts.py checks that the
 bytes cross them).
 """
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "emulated-hosts"
 #: Hosts the fixture brings up.
 COUNT = 3
+#: The file a test module holds locked while it uses the hosts.
+LOCK = "/run/tmpi-emulated-hosts.tests.lock"
+#: Seconds a module waits for another to be done with the hosts.
+LOCK_TIMEOUT = 1800
 #: What an ``up`` that failed said when the machine does not allow it (as
 #: opposed to a fault of the script, which fails the session's first test).
 REFUSALS = ("operation not permitted", "permission denied", "not supported",
@@ -195,12 +205,38 @@ def _refused(text):
     return any(word in text.lower() for word in REFUSALS)
 
 
-@pytest.fixture(scope="session")
+def _hold_lock():
+    """The hosts for this module alone: :data:`LOCK` held (released when the
+    descriptor closes, or the process dies); waits for another module at most
+    :data:`LOCK_TIMEOUT` seconds."""
+    handle = open(LOCK, "a")
+    deadline = time.monotonic() + LOCK_TIMEOUT
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                handle.close()
+                pytest.fail("the emulated hosts were still in use by another test module "
+                            "(%s held) after %d s" % (LOCK, LOCK_TIMEOUT))
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
 def emulated_hosts():
-    """:class:`EmulatedHosts` of :data:`COUNT` hosts, up for the whole session."""
+    """:class:`EmulatedHosts` of :data:`COUNT` hosts, up for the test module."""
     why = unavailable()
     if why:
         pytest.skip(why)
+    held = _hold_lock()
+    try:
+        yield from _hosts_up()
+    finally:
+        held.close()
+
+
+def _hosts_up():
     before = [line.split()[0] for line in _tool("list").stdout.splitlines() if line.strip()]
     count = max(COUNT, len(before))
     made = _tool("up", count, check=False)

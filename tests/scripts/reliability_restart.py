@@ -9,11 +9,14 @@ at the end, ``final params`` (each parameter's norm and sum).
 
 While the file named by ``$TMPI_TEST_STAYS_DOWN`` exists, the last rank of a
 job of more than one rank kills itself (SIGKILL) as it starts: a rank that
-cannot come back.
+cannot come back.  While the file named by ``$TMPI_TEST_SLOW`` exists, each
+step sleeps 15 ms after its call: a job that lasts, whatever the machine's
+speed, for a signal to find it training (the numbers are the same).
 """
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 import theano
@@ -26,6 +29,7 @@ if stays_down and os.path.exists(stays_down) and size > 1 and rank == size - 1:
     os.kill(os.getpid(), signal.SIGKILL)
 
 steps = int(sys.argv[1])
+slow = os.environ.get("TMPI_TEST_SLOW")
 np.random.seed(5)
 inputs = np.random.randn(512, 8)
 targets = np.tanh(inputs.dot(np.random.randn(8, 1)))
@@ -45,6 +49,8 @@ train = theano.function([x, y], loss, updates=updates, name="train")
 for step in range(1, steps + 1):
     rows = np.random.randint(0, len(inputs), 32)
     train(inputs[rows], targets[rows])
+    if slow and os.path.exists(slow):
+        time.sleep(0.015)
     if step % 500 == 0:
         print("step %d" % step, flush=True)
 print("final params %s" % " ".join("%.17g %.17g" % (np.linalg.norm(p.get_value()),

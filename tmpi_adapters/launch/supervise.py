@@ -114,8 +114,11 @@ class Forwarder:
         self.received = set()
         self.preempted = None
         self._pending = []
+        self._ignored = set()
 
     def __call__(self, number, frame):
+        if number in self._ignored:
+            return
         self.received.add(number)
         if number in SIGNALS and self.preempted is None:
             self.preempted = (signal.Signals(number).name, time.monotonic())
@@ -123,6 +126,10 @@ class Forwarder:
             self._pending.append(number)
         else:
             self._send(number)
+
+    def ignore_from_now(self, number):
+        """Take ``number`` as a signal to ignore, for good."""
+        self._ignored.add(number)
 
     def start(self, child):
         self.child = child
@@ -164,6 +171,7 @@ def supervise(command, preexec_fn=None, preemption=None):
         os.environ[PROGRESS_FILE_ENV] = progress
     # A signal this process ignores (nohup) stays ignored, in the rank too.
     caught = [number for number in FORWARDED if signal.getsignal(number) != signal.SIG_IGN]
+    blocked = False
     try:
         with handled(caught, forward):
             try:
@@ -182,8 +190,22 @@ def supervise(command, preexec_fn=None, preemption=None):
                 status = child.wait()
             else:
                 status = _wait_bounded(child, forward, preemption, progress)
+            # The rank has ended; what is left is saying how, and the status.
+            # A launcher that tears the job down meanwhile (srun's
+            # --kill-on-bad-exit, as the first rank leaves) must not turn that
+            # status into its signal's: from here this process ignores the
+            # signals it passed on (held back while the handlers are put
+            # back; one that came meanwhile is dropped once ignored).
+            for number in caught:
+                forward.ignore_from_now(number)
+            signal.pthread_sigmask(signal.SIG_BLOCK, caught)
+            blocked = True
+        for number in caught:
+            signal.signal(number, signal.SIG_IGN)
         ended = _read_all(endings)
     finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, caught)
         os.close(endings)
         if progress is not None:
             os.unlink(progress)
@@ -191,6 +213,12 @@ def supervise(command, preexec_fn=None, preemption=None):
         return PREEMPTED
     # Under tmpi wrap's own launcher (a job directory) the launcher speaks.
     quiet = bool(job_dir())
+    if b"preempted" in ended or status < 0 and forward.preempted is not None and \
+            -status not in forward.received:
+        # The rank stopped for a preemption (its checkpoint is rank 0's), or
+        # MPI made it crash as the others left for one: the job ends with
+        # the preemption's status, which a batch script may requeue on.
+        return PREEMPTED
     if status == 0 and not ended:
         if not quiet:
             report_left(child.pid)

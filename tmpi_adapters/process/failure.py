@@ -10,7 +10,7 @@ import time
 import traceback
 
 from tmpi_adapters.errors import TmpiError
-from tmpi_adapters.process.jobdir import job_dir, mark
+from tmpi_adapters.process.jobdir import job_dir, mark, supervised
 from tmpi_adapters.process.output import flush_partial_lines, report
 
 #: Under a bare ``mpiexec`` (no ``tmpi wrap`` gathering reports) a failing
@@ -148,6 +148,17 @@ def end_preempted(session, preempted, size):
     other ranks wait in the step rank 0 did not start)."""
     finish_after_failure(session, preempted)
     flush_partial_lines()
+    if size > 1 and supervised() and not job_dir():
+        # An enclosing job (srun, mpiexec): its last heartbeat told the other
+        # ranks, which leave with this status too (watchdog), so that the
+        # launcher sees every rank end with it; an abort would have it kill
+        # them all, and report that instead.  They leave at the moment it
+        # named; it leaves just after.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        from tmpi_adapters.reliability.preemption import DEPARTURE
+        time.sleep(DEPARTURE + 0.5)
+        os._exit(preempted.code)
     if size > 1:
         from mpi4py import MPI
         MPI.COMM_WORLD.Abort(preempted.code)

@@ -36,6 +36,11 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: Slurm's ``KillWait`` (30 s by default), after which SIGKILL comes.
 GRACE = 20.0
 
+#: Seconds from rank 0's last heartbeat to the moment every rank of an
+#: enclosing job leaves together after a preemption (each hears it within a
+#: heartbeat or two, says so to its ``tmpi wrap``, then waits for it).
+DEPARTURE = 3.0
+
 #: Set in the ranks' environment when ``tmpi wrap`` was started with SIGINT
 #: ignored (in the background, by a batch system): the ranks ignore it too,
 #: as they would have inherited (an MPI launcher resets it).

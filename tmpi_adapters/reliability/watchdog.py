@@ -198,6 +198,7 @@ class Watchdog:
         self.last_step = (None, 0)
         self.stall = None              # {"what", "since", "frame"} while stalled
         self.leaving = None            # (status, where) once the script chose to exit
+        self.leave_at = None           # when the ranks leave together (a preemption)
         self.statuses = {}             # rank -> latest status received
         self.comm = None
         self._main = threading.main_thread().ident
@@ -244,6 +245,7 @@ class Watchdog:
             self._thread.join(timeout=5 * self.interval + 1)
         if self.comm is not None and leaving is not None:
             self.leaving = leaving
+            self.leave_at = time.time() + preemption.DEPARTURE
             self.phase = "exited"
             self._send(self.status())
         self.phase = "finished"
@@ -333,6 +335,10 @@ class Watchdog:
         }
         if self.leaving is not None:
             status["code"], status["where"] = self.leaving
+            # Rank 0 preempted under an enclosing job: the others leave too,
+            # all at the same moment.
+            if self.leaving[0] == preemption.PREEMPTED and preemption.requested is not None:
+                status["preempted"] = self.leave_at
         return status
 
     def _run(self):
@@ -463,6 +469,8 @@ class Watchdog:
             return
         first = min(departed)
         left = departed[first]
+        if left.get("preempted"):
+            self._leave_preempted(left["preempted"])
         wait = current_wait(self._main)
         what = wait.what if wait is not None and isinstance(wait.what, str) else "a collective"
         status = dict(mine, stall={"what": what, "waited": mine["waiting"]})
@@ -509,6 +517,24 @@ class Watchdog:
                    "ending the job." % self.launcher)
         mark(self.rank, "failed", "launcher gone")
         self._abort(1)
+
+    def _leave_preempted(self, at):
+        """Rank 0 wrote the checkpoint a preemption asked for and left (an
+        enclosing job's rank, :func:`~tmpi_adapters.process.failure.end_preempted`):
+        this rank, waiting for it, leaves too with the same status, on its
+        own, so that the job's launcher (srun, mpiexec) sees every rank end
+        with it instead of tearing the job down with SIGKILL.  Its ``tmpi
+        wrap`` is told first, then all ranks leave at the moment ``at`` rank
+        0 named: a rank that crashes when MPI loses its peers has said
+        already how it ended."""
+        from tmpi_adapters.process.jobdir import mark
+        from tmpi_adapters.process.output import flush_partial_lines
+        mark(self.rank, "preempted")
+        flush_partial_lines()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(max(0.0, min(at - time.time(), preemption.DEPARTURE)))
+        os._exit(preemption.PREEMPTED)
 
     def _abort(self, code):
         from mpi4py import MPI

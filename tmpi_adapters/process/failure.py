@@ -19,6 +19,11 @@ from tmpi_adapters.process.output import flush_partial_lines, report
 #: first and the error is printed once.
 REPORT_GRACE = 2.0
 
+#: Seconds from rank 0's last heartbeat to the moment every rank of an
+#: enclosing job leaves together after a preemption (each hears it within a
+#: heartbeat or two, says so to its ``tmpi wrap``, then waits for it).
+DEPARTURE = 3.0
+
 
 #: tmpi's own package (installed, or an editable checkout's).
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
@@ -156,7 +161,6 @@ def end_preempted(session, preempted, size):
         # named; it leaves just after.
         sys.stdout.flush()
         sys.stderr.flush()
-        from tmpi_adapters.reliability.preemption import DEPARTURE
         time.sleep(DEPARTURE + 0.5)
         os._exit(preempted.code)
     if size > 1:

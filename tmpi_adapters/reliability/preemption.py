@@ -26,6 +26,8 @@ Nothing here imports numpy, Theano or MPI: ranks install it as they start.
 import os
 import signal
 
+from tmpi_adapters.process.failure import DEPARTURE as _DEPARTURE
+
 #: The exit status of a preempted job: resumable (``EX_TEMPFAIL``, "try again").
 PREEMPTED = 75
 #: The signals that ask for a checkpoint and a stop.
@@ -37,9 +39,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 GRACE = 20.0
 
 #: Seconds from rank 0's last heartbeat to the moment every rank of an
-#: enclosing job leaves together after a preemption (each hears it within a
-#: heartbeat or two, says so to its ``tmpi wrap``, then waits for it).
-DEPARTURE = 3.0
+#: enclosing job leaves together after a preemption (defined where rank 0
+#: leaves: :mod:`tmpi_adapters.process.failure`).
+DEPARTURE = _DEPARTURE
 
 #: Set in the ranks' environment when ``tmpi wrap`` was started with SIGINT
 #: ignored (in the background, by a batch system): the ranks ignore it too,

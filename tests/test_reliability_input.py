@@ -225,5 +225,9 @@ def test_more_ranks_than_rows_in_a_batch_trains_as_one_process(tmp_path, ranks):
 
 def run_ok(result):
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "warning" not in result.stderr and "error" not in result.stderr, result.stderr
+    # (A loaded machine may have the ranks wait for each other's time slices,
+    # which tmpi warns of: not about the input.)
+    lines = [line for line in result.stderr.splitlines()
+             if "warning" in line and "time slice" not in line or "error" in line]
+    assert not lines, result.stderr
     return result.stdout

@@ -21,8 +21,9 @@ REPORT_GRACE = 2.0
 
 #: Seconds from rank 0's last heartbeat to the moment every rank of an
 #: enclosing job leaves together after a preemption (each hears it within a
-#: heartbeat or two, says so to its ``tmpi wrap``, then waits for it).
-DEPARTURE = 3.0
+#: heartbeat or two, says so to its ``tmpi wrap``, then waits for it; a loaded
+#: machine may take seconds).
+DEPARTURE = 5.0
 
 
 #: tmpi's own package (installed, or an editable checkout's).
@@ -146,6 +147,15 @@ def end_after_failure(session, error, rank, size):
     fail(error, rank, size)
 
 
+def leaves_together():
+    """True where a preempted job's ranks each leave on their own with its
+    status: the tasks of ``srun`` (each under its ``tmpi wrap``), whose
+    status Slurm reads task by task.  Under an enclosing ``mpiexec`` rank 0
+    aborts with it instead: hydra returns an abort's status, where ranks
+    leaving one by one would have it kill the last ones (status 9)."""
+    return supervised() and not job_dir() and "SLURM_PROCID" in os.environ
+
+
 def end_preempted(session, preempted, size):
     """Rank 0 wrote the checkpoint a SIGTERM or SIGUSR1 asked for and said so
     (:class:`~tmpi_adapters.reliability.preemption.Preempted`): finish
@@ -153,12 +163,11 @@ def end_preempted(session, preempted, size):
     other ranks wait in the step rank 0 did not start)."""
     finish_after_failure(session, preempted)
     flush_partial_lines()
-    if size > 1 and supervised() and not job_dir():
-        # An enclosing job (srun, mpiexec): its last heartbeat told the other
-        # ranks, which leave with this status too (watchdog), so that the
-        # launcher sees every rank end with it; an abort would have it kill
-        # them all, and report that instead.  They leave at the moment it
-        # named; it leaves just after.
+    if size > 1 and leaves_together():
+        # srun's tasks: its last heartbeat told the other ranks, which leave
+        # with this status too (watchdog), so that srun sees every task end
+        # with it; an abort would have Slurm kill them all, and report that
+        # instead.  They leave at the moment it named; it leaves just after.
         sys.stdout.flush()
         sys.stderr.flush()
         time.sleep(DEPARTURE + 0.5)

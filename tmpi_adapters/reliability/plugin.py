@@ -305,10 +305,10 @@ class Reliability:
 def _leaving(error):
     """``(status, where)`` when the script ended this rank with a non-zero
     ``sys.exit`` (the others may still be training), else ``None``."""
-    from tmpi_adapters.process.jobdir import job_dir, supervised
+    from tmpi_adapters.process.failure import leaves_together
     from tmpi_adapters.reliability.preemption import Preempted
-    if isinstance(error, Preempted) and supervised() and not job_dir():
-        # Under an enclosing job the others are told, and leave with it.
+    if isinstance(error, Preempted) and leaves_together():
+        # srun's tasks: the others are told, and leave with it.
         return error.code, None
     if not isinstance(error, SystemExit) or isinstance(error, Preempted):
         return None  # a preempted rank 0 ends the job itself

@@ -465,12 +465,16 @@ class Watchdog:
         """
         departed = {r: s for r, s in self.statuses.items()
                     if r != self.rank and s and s["phase"] == "exited"}
-        if not departed or mine.get("waiting") is None or mine["waiting"] < self.interval:
+        if not departed:
             return
         first = min(departed)
         left = departed[first]
         if left.get("preempted"):
+            # Rank 0 has its checkpoint and leaves at a named moment: this rank
+            # leaves with it whatever it is doing (the run resumes from there).
             self._leave_preempted(left["preempted"])
+        if mine.get("waiting") is None or mine["waiting"] < self.interval:
+            return
         wait = current_wait(self._main)
         what = wait.what if wait is not None and isinstance(wait.what, str) else "a collective"
         status = dict(mine, stall={"what": what, "waited": mine["waiting"]})

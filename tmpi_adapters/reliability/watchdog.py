@@ -335,8 +335,8 @@ class Watchdog:
         }
         if self.leaving is not None:
             status["code"], status["where"] = self.leaving
-            # Rank 0 preempted under an enclosing job: the others leave too,
-            # all at the same moment.
+            # Rank 0 preempted among srun's tasks: the others leave too, all
+            # at the same moment.
             if self.leaving[0] == preemption.PREEMPTED and preemption.requested is not None:
                 status["preempted"] = self.leave_at
         return status
@@ -524,9 +524,9 @@ class Watchdog:
 
     def _leave_preempted(self, at):
         """Rank 0 wrote the checkpoint a preemption asked for and left (an
-        enclosing job's rank, :func:`~tmpi_adapters.process.failure.end_preempted`):
-        this rank, waiting for it, leaves too with the same status, on its
-        own, so that the job's launcher (srun, mpiexec) sees every rank end
+        task of srun, :func:`~tmpi_adapters.process.failure.leaves_together`):
+        this rank leaves too with the same status, on its
+        own, so that srun sees every task end
         with it instead of tearing the job down with SIGKILL.  Its ``tmpi
         wrap`` is told first, then all ranks leave at the moment ``at`` rank
         0 named: a rank that crashes when MPI loses its peers has said

@@ -35,6 +35,7 @@ def refused_here(capsys, *argv, texts):
     for text in texts:
         assert text in err, err
     assert "Traceback" not in err, err
+    return err
 
 
 @pytest.mark.parametrize("args,texts", [
@@ -120,8 +121,13 @@ def test_parameter_signature_mismatch_across_ranks():
     (["--rule-option", "mode=sync"], "option mode='sync' must be one of grad, avg"),
     (["--rule-option", "tau"], "must look like name=value (e.g. --rule-option tau=4)"),
     (["--stall-timeout", "-1"], "--stall-timeout must be a positive, finite number of seconds"),
-    (["--stall-timeout", "soon"], "argument --stall-timeout: invalid float value"),
+    (["--stall-timeout", "soon"],
+     "--stall-timeout must be a positive, finite number of seconds, not 'soon'"),
     (["-n", "0"], "-n must be a whole number >= 1, not '0'"),
+    (["-n", "-1"], "-n must be a whole number >= 1, not '-1'"),
+    (["-n", "two"], "-n must be a whole number >= 1, not 'two'"),
+    (["--seed", "x"], "--seed must be a whole number, not 'x'"),
+    (["--bucket-bytes", "4MiB"], "--bucket-bytes must be a whole number of bytes or none"),
     (["--threads-per-rank", "0"], "--threads-per-rank must be a whole number >= 1, not '0'"),
     (["--threads-per-rank", "-2"], "--threads-per-rank must be a whole number >= 1"),
     (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir"),
@@ -129,16 +135,22 @@ def test_parameter_signature_mismatch_across_ranks():
     (["--resume", "latest"], "--resume latest needs --checkpoint-dir"),
     (["--warmup-steps", "-5"], "--warmup-steps must be >= 0"),
     (["--bucket-bytes", "0"], "--bucket-bytes must be positive"),
-    (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+    (["--precision", "fp8"], "--precision must be one of native, fp32, fp16, bf16, not 'fp8'"),
     (["--checkpoint-every", "0"], "--checkpoint-every must be positive"),
+    (["--checkpoint-every", "garbage"], "--checkpoint-every must be a number of steps, epochs"),
     (["--checkpoint-every", "5weeks"], "--checkpoint-every must be a number of steps, epochs"),
+    (["--checkpoint-every", "0.5"], "--checkpoint-every 0.5: a number of steps must be whole"),
     (["--checkpoint-every", "2.5epochs"], "a number of epochs must be whole"),
-    (["--checkpoint-keep", "0"], "--checkpoint-keep must be a whole number >= 1"),
-    (["--on-stall", "ignore"], "argument --on-stall: invalid choice: 'ignore'"),
-    (["--nonfinite", "ignore"], "argument --nonfinite: invalid choice: 'ignore'"),
+    (["--checkpoint-keep", "0"], "--checkpoint-keep must be a whole number >= 1, not '0'"),
+    (["--on-stall", "ignore"], "--on-stall must be one of report, abort, not 'ignore'"),
+    (["--nonfinite", "ignore"], "--nonfinite must be one of off, stop, skip, not 'ignore'"),
 ])
 def test_invalid_option_values_are_refused_before_launching(capsys, args, text):
-    refused_here(capsys, "wrap", "-n", "2", *args, MLP, texts=[text])
+    # One line, tmpi's own, for every bad value: argparse's usage lines are
+    # for --help only.
+    err = refused_here(capsys, "wrap", "-n", "2", *args, MLP, texts=[text])
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tmpi: error: "), err
 
 
 def test_more_ranks_than_the_machine_holds_are_refused_before_starting(capsys):

@@ -79,8 +79,18 @@ def _stall_timeout(value: float | str) -> float | None:
     return check_timeout(value, "--stall-timeout", allow_none=False)
 
 
+def _start_timeout(value: float | str) -> float | None:
+    return check_timeout(value, "--start-timeout", allow_none=False)
+
+
 def _bytes_or_none(text: str) -> int | None:
-    return None if text in (None, "", "none") else int(text)
+    if text in (None, "", "none"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError("--bucket-bytes must be a whole number of bytes or none, not %r"
+                          % (text,)) from None
 
 
 def option(default: object, help: str, choices: tuple[str, ...] | None = None,
@@ -157,12 +167,11 @@ class Options:
                                       "never meet per step", choices=OUTPUTS)
     seed: int | None = option(None, "seed numpy and random alike on every rank", type=int)
     stall_timeout: float = option(300.0, "seconds a rank may wait on the others before a "
-                                         "stall is reported (default 300)", type=float,
-                                  check=_stall_timeout)
+                                         "stall is reported (default 300)",
+                                  type=_stall_timeout, check=_stall_timeout)
     start_timeout: float = option(600.0, "seconds every rank has to start and import Theano "
-                                         "before the job is ended (default 600)", type=float,
-                                  check=lambda v: check_timeout(v, "--start-timeout",
-                                                                allow_none=False))
+                                         "before the job is ended (default 600)",
+                                  type=_start_timeout, check=_start_timeout)
     all_ranks_output: bool = option(False, "show every rank's output, prefixed [rank N]")
     compile_dirs: str = option("shared", "Theano compile cache: shared by the ranks, which "
                                          "compile at once (default), or one per rank",

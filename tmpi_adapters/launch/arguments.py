@@ -2,12 +2,52 @@
 tmpi's own, before the script; the script's, after it, untouched."""
 import argparse
 
-from tmpi_adapters.errors import TmpiError
+from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.options import Options, add_option_arguments, declared_fields, parse_assignments
 from tmpi_adapters.pluginmanager import get_plugin_manager
 
 #: Options fields set from same-named arguments.
 _OPTION_FIELDS = {f.name for f in declared_fields()}
+
+
+#: What a value of an argparse ``type`` that is a plain Python type must be.
+_ACCEPTED = {int: "a whole number", float: "a number"}
+
+
+class OptionParser(argparse.ArgumentParser):
+    """An ``argparse`` parser whose every refusal is one ``tmpi: error:`` line
+    (a :class:`ConfigError`, status 2) naming the option, the value and what
+    it accepts, instead of argparse's usage and ``tmpi wrap: error:`` lines.
+    ``--help`` still prints the usage.
+
+    A ``type`` may raise :class:`ConfigError` or ``argparse.ArgumentTypeError``
+    with its own sentence; a plain ``int`` or ``float`` gets one written here.
+    """
+
+    def _get_value(self, action, text):
+        convert = self._registry_get("type", action.type, action.type)
+        if not callable(convert):
+            return super()._get_value(action, text)
+        try:
+            return convert(text)
+        except (ConfigError, argparse.ArgumentTypeError) as error:
+            raise ConfigError(str(error)) from None
+        except (TypeError, ValueError):
+            raise ConfigError("%s must be %s, not %r" % (
+                _flag(action), _ACCEPTED.get(convert, "a valid value"), text)) from None
+
+    def _check_value(self, action, value):
+        if action.choices is not None and value not in action.choices:
+            raise ConfigError("%s must be one of %s, not %r" % (
+                _flag(action), ", ".join(map(str, action.choices)), value))
+
+    def error(self, message):
+        raise ConfigError("%s (see `%s --help`)" % (message, self.prog))
+
+
+def _flag(action):
+    """The option's name as its declaration spells it first (``-n`` of ``-n/--np``)."""
+    return (action.option_strings or [action.dest])[0]
 
 
 def add_run_arguments(parser):
@@ -168,7 +208,7 @@ def check_choices(options, n):
 
 def wrap_parser():
     """The parser of ``tmpi wrap``'s own options (those before the script)."""
-    parser = argparse.ArgumentParser(
+    parser = OptionParser(
         prog="tmpi wrap", allow_abbrev=False,
         usage="tmpi wrap [-n N] [--framework F] [--rule R] [options] SCRIPT [args]\n"
               "       tmpi wrap [-n N] [options] -m MODULE [args]",

@@ -7,12 +7,12 @@
 ``tmpi plugins``
     list installed plugins, their versions and the hooks they implement.
 """
-import argparse
 import sys
 
 from tmpi_adapters.errors import TmpiError
-from tmpi_adapters.launch.arguments import (check_choices, given_dests, misplaced_options,
-                                            options_from_args, split_wrap_argv, wrap_parser)
+from tmpi_adapters.launch.arguments import (OptionParser, check_choices, given_dests,
+                                            misplaced_options, options_from_args,
+                                            split_wrap_argv, wrap_parser)
 from tmpi_adapters.pluginmanager import commands, hookimpl
 
 
@@ -70,8 +70,8 @@ def _describe_target(target):
 
 
 def cmd_plugins(argv):
-    parser = argparse.ArgumentParser(prog="tmpi plugins",
-                                     description="List installed tmpi plugins.")
+    parser = OptionParser(prog="tmpi plugins",
+                          description="List installed tmpi plugins.")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     from tmpi_adapters.pluginmanager import describe_plugins

@@ -14,7 +14,6 @@ Python, mirroring Theano-MPI's ``launch_session.py``::
     rule.init(devices=["cpu0", "cpu1"], modelfile="models.mymodel", modelclass="MyModel")
     rule.wait()
 """
-import argparse
 import os
 import shlex
 import subprocess
@@ -22,7 +21,8 @@ import sys
 
 from tmpi_adapters.process.devices import DEVICES_ENV
 from tmpi_adapters.errors import ConfigError, TmpiError
-from tmpi_adapters.launch.arguments import add_run_arguments, check_choices, options_from_args
+from tmpi_adapters.launch.arguments import (OptionParser, add_run_arguments, check_choices,
+                                            options_from_args)
 
 #: Theano-MPI's rule names and ours.
 RULES = {"BSP": "bsp", "EASGD": "easgd", "GOSGD": "gosgd", "ASGD": "asgd"}
@@ -116,7 +116,7 @@ def session_settings(rule=None, devices=None, sync_type=None, exch_strategy=None
 
 
 def cmd_run(argv):
-    parser = argparse.ArgumentParser(
+    parser = OptionParser(
         prog="tmpi run", allow_abbrev=False,
         description="Train a Theano-MPI ModelClass (from a launch_session.cfg or "
                     "--modelfile/--modelclass) on N ranks.")

@@ -62,6 +62,9 @@ class Recorder:
         self._last = self._last_record = None
         self.last_summary = None
         self.measured = None
+        #: callables ``note(summary) -> str or None`` whose words end the
+        #: end-of-run line (an adapter's word on where its batches came from)
+        self.notes = []
         self.started = time.perf_counter()
         self._step_start = None
         self._last_end = None
@@ -278,6 +281,10 @@ class Recorder:
                 for host, ranks in _ranks_by_host(hosts))
         elif summary["ranks"] > 1 and cores:
             text += "; cores " + " | ".join(binding.describe(c) for c in cores)
+        for note in self.notes:
+            words = note(summary)
+            if words:
+                text += "; " + words
         devices = [d for d in summary.get("devices") or [] if d]
         if any(d != "cpu" for d in devices):
             if len(set(devices)) == 1:

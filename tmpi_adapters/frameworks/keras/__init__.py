@@ -8,6 +8,8 @@
     Keras' metrics global, an evaluation split across ranks.
 :mod:`.metrics`
     how each metric accumulator's increments combine across ranks.
+:mod:`.feeding`
+    generator-fed loops: rank 0 alone draws each batch and hands it to every rank.
 :mod:`.sharding`
     ``--scaling weak``: each rank's ``fit`` sees its own shard of the data.
 :mod:`.writers`

@@ -28,6 +28,11 @@ adds what Keras itself needs, hooked on Keras' classes while the script runs:
     ranks is written once and every rank waits until it is complete, so a
     following ``load_model`` reads it whole; a rank's own path is written by
     that rank.  Reports go out from rank 0 only.
+``training_generator``'s loops, enqueuers and ``iter_sequence_infinite``
+    a generator or ``Sequence`` that feeds ``fit_generator``,
+    ``evaluate_generator`` or ``predict_generator`` runs on rank 0 alone, which
+    hands every batch to every rank (:mod:`.feeding`): the batches are those
+    of one process, whatever the generator's worker threads did.
 ``training_arrays.fit_loop``, ``training_generator.fit_generator``
     with ``--scaling weak`` each rank's ``fit`` sees its own shard (every N-th
     sample, or every N-th batch of a generator: :mod:`.sharding`) and every
@@ -50,6 +55,7 @@ from tmpi_adapters.core.batches import batch_rows
 from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
 from tmpi_adapters.graphs.marks import ancestors
 from tmpi_adapters.errors import ConfigError, TmpiError
+from tmpi_adapters.frameworks.keras import feeding
 from tmpi_adapters.frameworks.keras.metrics import metric_kinds, metric_variables
 from tmpi_adapters.frameworks.keras.sharding import (shard_fit_arguments,
                                                      shard_generator_arguments)
@@ -76,16 +82,22 @@ class KerasAdapter(TheanoAdapter):
         self._lr_scale = None      # its in-graph learning-rate factor, if any
         self._local_steps = 0      # > 0 while a weak-scaling fit runs on a shard
         self._installed = False
+        #: the batches rank 0 draws from the script's generators for every rank
+        self.feed = feeding.Feed(self)
 
     # -- installing -------------------------------------------------------------
     def install(self):
         super().install()
         self._installed = True
+        self.session.recorder.notes.append(self.feed.note)
         compat.when_imported("keras", self._hook_keras)
 
     def uninstall(self):
         self._installed = False
-        super().uninstall()
+        try:
+            super().uninstall()
+        finally:
+            self.feed.close()
 
     def _hook_keras(self, keras):
         """Patch Keras' classes once ``import keras`` has finished."""
@@ -107,8 +119,18 @@ class KerasAdapter(TheanoAdapter):
               self._making_test_function(model_cls._make_test_function))
         patch(training_arrays, "fit_loop",
               self._sharding(training_arrays.fit_loop, shard_fit_arguments))
-        patch(training_generator, "fit_generator",
-              self._sharding(training_generator.fit_generator, shard_generator_arguments))
+        feed = self.feed
+        patch(training_generator, "fit_generator", self._sharding(
+            feeding.fed_loop(feed, training_generator.fit_generator, "fit_generator"),
+            shard_generator_arguments))
+        for name in ("evaluate_generator", "predict_generator"):
+            patch(training_generator, name,
+                  feeding.fed_loop(feed, getattr(training_generator, name), name))
+        for name in ("GeneratorEnqueuer", "OrderedEnqueuer"):
+            patch(training_generator, name,
+                  feeding.enqueuer(feed, getattr(training_generator, name)))
+        patch(training_generator, "iter_sequence_infinite", feeding.iterate_sequence(
+            feed, training_generator.iter_sequence_infinite))
 
     # -- callbacks see the same logs on every rank ---------------------------------------
     def _agreeing_epoch_end(self, on_epoch_end):

@@ -159,3 +159,29 @@ def test_under_an_enclosing_mpiexec_each_ranks_tmpi_wrap_bounds_the_preemption(t
 def test_bad_preempt_grace_is_refused_at_the_command_line(args, text):
     result = tmpi("wrap", *args, RESTART, "10")
     assert result.returncode == 2 and text in result.stderr, result.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_during_the_grace_stops_the_job_at_once(tmp_path, second):
+    # Rank 1 frozen holds the step in flight; the second signal, 3 s into the
+    # grace, waits neither for it nor for mpiexec to give up on the frozen
+    # rank: the job ends at once with the signal's status.
+    job = Job("wrap", "-n", "2", "--checkpoint-dir", tmp_path / "ck", "--preempt-grace", "60",
+              RESTART, "100000000")
+    try:
+        job.wait_for_output("step 500", timeout=START_TIMEOUT)
+        os.kill(job.rank_pid(1), signal.SIGSTOP)
+        time.sleep(1)
+        os.kill(job.process.pid, signal.SIGTERM)
+        code, stdout, stderr, took, left = stopped_then_signalled(
+            job, [], [job.process.pid], second)
+    finally:
+        job.kill()
+    print("ended %.2f s after the second signal" % took)
+    assert code == 128 + second, stderr[-3000:]
+    assert took < 1.0, took
+    assert not left, "processes left behind: %s" % left
+    lines = stderr.strip().splitlines()
+    assert lines[-1] == "tmpi: interrupted (%s): the job's 2 rank(s) were stopped." \
+        % signal.Signals(second).name, stderr[-3000:]

@@ -34,14 +34,18 @@ class Job:
     the test can find the ranks (and any process left behind) in ``/proc``.
     """
 
-    def __init__(self, *args, env=None, cwd=ROOT):
+    def __init__(self, *args, env=None, cwd=ROOT, session=False):
         self.token = uuid.uuid4().hex
         env = dict(env or rank_env())
         env[TOKEN_ENV] = self.token
         self.stdout, self.stderr = [], []
+        # As a terminal starts it: Ctrl-C stops it, even where the tests run
+        # with SIGINT ignored (in the background).  ``session``: in a process
+        # group of its own, which a terminal's Ctrl-C reaches as a whole.
         self.process = subprocess.Popen([TMPI] + [str(a) for a in args], env=env, cwd=cwd,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
+                                        text=True, start_new_session=session,
+                                        preexec_fn=_sigint_default)
         self._readers = [threading.Thread(target=self._read, args=(stream, sink), daemon=True)
                          for stream, sink in ((self.process.stdout, self.stdout),
                                               (self.process.stderr, self.stderr))]
@@ -119,6 +123,10 @@ class Job:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def _sigint_default():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 #: Where MPI launchers name a process's rank: hydra's PMI, Open MPI, PMIx.

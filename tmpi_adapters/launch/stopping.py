@@ -56,6 +56,12 @@ class Stopping:
             info.rank for info in read_ranks(self.directory).values()
             if info.host in (None, self.host) and process_state(info.pid) == "T" and
             belongs_to_job(info.pid, self.directory))
+        self.stop_at_once()
+
+    def stop_at_once(self):
+        """Kill this machine's ranks, then stop ``mpiexec`` (whose proxies end
+        the ranks of other hosts): a rank stopped with SIGSTOP takes nothing
+        but SIGKILL, and ``mpiexec`` would wait for it."""
         with signals_ignored():
             self.kill_leftovers()
             self.stop_job(grace=2.0)

@@ -146,6 +146,10 @@ class JobWatch(MpiexecOutput, Stopping):
             code = self._wait_bounded()
         except KeyboardInterrupt as stop:
             self.interrupted = getattr(stop, "signum", signal.SIGINT)
+            if self.preemption is not None and self.preemption.signal is not None:
+                # A second signal during a preemption's grace stops the job at
+                # once, though a frozen rank (why a grace runs) holds it up.
+                self.stop_at_once()
             with signals_ignored():
                 self.stop_job()
                 code = self.process.wait()

@@ -331,7 +331,11 @@ def tmpi_checkpoint_state(session: Session) -> dict[str, Any] | None:
     Returns
     -------
     dict or None
-        ``{key: picklable}``; keys should be prefixed with the plugin's name.
+        ``{key: value}``; keys should be prefixed with the plugin's name.
+        Values are data: numpy arrays, numbers, strings, bytes, ``None``, and
+        lists, tuples, sets and dicts of them (a checkpoint never holds
+        objects or code: anything else stops the run at its first
+        checkpoint, naming the plugin).
     """
 
 

@@ -79,7 +79,9 @@ class PerModel:
         """Training ended: drain messages, leave the final values in the model."""
 
     def state_dict(self) -> Any:
-        """This model's part of the rule's checkpointed state (picklable)."""
+        """This model's part of the rule's checkpointed state: data only (arrays,
+        numbers, strings, bytes, ``None``, and lists, tuples, sets and dicts of
+        them)."""
         return None
 
     def load_state_dict(self, state: Any) -> None:

@@ -10,6 +10,8 @@ What is where:
 - :mod:`~tmpi_adapters.reliability.checkpoint.fileformat`: the file's bytes
   (magic, JSON header, checksummed payload), its name, finding the newest,
   clearing partial files of dead writers.
+- :mod:`~tmpi_adapters.reliability.checkpoint.payload`: the state as data (a
+  JSON tree and numpy arrays, no pickle), and what a state may hold.
 - :mod:`~tmpi_adapters.reliability.checkpoint.calllog`: the call log (what
   every call of a compiled function returned, a fingerprint of its arguments).
 - :mod:`~tmpi_adapters.reliability.checkpoint.rng`: numpy's, Python's and

@@ -94,6 +94,17 @@ def _recorded_bytes(value):
     return 64
 
 
+def _is_data(value):
+    """Whether a checkpoint can hold ``value`` (else the call is not recorded
+    and a replay runs it again)."""
+    from tmpi_adapters.reliability.checkpoint.payload import StateError, check
+    try:
+        check(value)
+    except StateError:
+        return False
+    return True
+
+
 class CallLog:
     """Every call of the script's compiled functions, in order, and what it returned.
 
@@ -144,7 +155,7 @@ class CallLog:
             for column, element in zip(columns, elements):
                 column.append(element.item() if hasattr(element, "item") else element)
             return len(columns[0]) - 1 if columns else 0
-        if _recorded_bytes(value) > MAX_RECORDED_BYTES:
+        if _recorded_bytes(value) > MAX_RECORDED_BYTES or not _is_data(value):
             return self.NOT_RECORDED
         self.whole[len(self.sequence)] = copy.deepcopy(value)
         return self.WHOLE

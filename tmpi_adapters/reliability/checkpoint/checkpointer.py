@@ -41,6 +41,7 @@ from tmpi_adapters.reliability import preemption
 from tmpi_adapters.reliability.checkpoint import lock
 from tmpi_adapters.reliability.checkpoint.calllog import CallLog, fingerprint
 from tmpi_adapters.reliability.checkpoint.fileformat import NAME, encode, remove_stale_partials
+from tmpi_adapters.reliability.checkpoint.payload import ALLOWED_WORDS, StateError, check
 from tmpi_adapters.reliability.checkpoint.policy import Policy
 from tmpi_adapters.reliability.checkpoint.replay import Replay
 from tmpi_adapters.reliability.checkpoint.rng import Generators
@@ -99,7 +100,8 @@ class Checkpointer:
         with ``--resume`` load the checkpoint (collective)."""
         if self.writer:
             try:
-                os.makedirs(self.directory, exist_ok=True)
+                # Private: a checkpoint holds the model, and what a resume trusts.
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
             except OSError as exc:
                 raise CheckpointError("cannot create --checkpoint-dir %s: %s."
                                       % (self.directory, exc.strerror or exc))
@@ -215,6 +217,9 @@ class Checkpointer:
         plugins = {}
         for part in session.pm.hook.tmpi_checkpoint_state(session=session):
             plugins.update(part or {})
+        _check_state(plugins, "a plugin's tmpi_checkpoint_state", self._plugin_states)
+        rule_state = session.rule.state_dict()
+        _check_state(rule_state, "rule %s's state_dict()" % session.options.rule)
         return {
             "tmpi": __version__,
             "created": time.time(),
@@ -234,11 +239,20 @@ class Checkpointer:
                 # Host arrays: a device run resumes on the CPU, and back.
                 "values": read_values(model.state_variables),
             } for model in session.models],
-            "rule_state": session.rule.state_dict(),
+            "rule_state": rule_state,
             "plugins": plugins,
             "rng": self.generators.state(),
             "log": self.log.state(),
         }
+
+    def _plugin_states(self):
+        """``(naming, state)`` of each plugin's ``tmpi_checkpoint_state``, one
+        at a time (to name the one whose state is not data)."""
+        session = self.session
+        for impl in session.pm.hook.tmpi_checkpoint_state.get_hookimpls():
+            arguments = {"session": session}
+            yield ("plugin %s's tmpi_checkpoint_state" % impl.plugin_name,
+                   impl.function(*[arguments[name] for name in impl.argnames]))
 
     def due_path(self):
         """The file of the checkpoint due now (named by its training call)."""
@@ -327,3 +341,24 @@ class Checkpointer:
         self.replay.finish(self.session, self.generators, self.policy.calls)
         self.replay = None
         self.policy.restart()
+
+
+
+def _check_state(state, source, parts=None):
+    """:class:`CheckpointError` naming ``source`` when ``state`` holds
+    anything but data (:mod:`~tmpi_adapters.reliability.checkpoint.payload`);
+    ``parts()``, where given, yields ``(source, state)`` of each contributor,
+    to name the one at fault."""
+    try:
+        check(state)
+    except StateError as error:
+        for part_source, part in (parts() if parts else ()):
+            try:
+                check(part)
+            except StateError as part_error:
+                source, error = part_source, part_error
+                break
+        raise CheckpointError(
+            "%s returned %s; a checkpoint holds only %s, never objects or code. Return the "
+            "object's data and build it again in tmpi_restore_state / load_state_dict."
+            % (source, error.found, ALLOWED_WORDS)) from None

@@ -1,10 +1,14 @@
 """The checkpoint file: its bytes, its name, and listing them.
 
 A checkpoint file is :data:`MAGIC`, one JSON header line (the point of the
-run it was taken at, the payload's size and SHA-256), and the pickled state
-(see :meth:`~tmpi_adapters.reliability.checkpoint.checkpointer.Checkpointer.capture`).
-The header is readable without unpickling anything, and a file that was cut
-short or altered is recognised before it is loaded.
+run it was taken at, the payload's size and SHA-256), and the state (see
+:meth:`~tmpi_adapters.reliability.checkpoint.checkpointer.Checkpointer.capture`)
+as arrays and plain values (:mod:`~tmpi_adapters.reliability.checkpoint.payload`).
+The header is readable without loading anything, and a file that was cut
+short is recognised before it is loaded.  The checksum is no seal (anyone may
+recompute it): what makes a crafted file harmless is that loading one builds
+data and runs nothing.  Files of format 1, whose state was a pickle, are read
+through :mod:`tmpi_adapters.pickles`, which builds arrays and containers only.
 
 Files are named :data:`NAME` after the training step they were taken at; they
 are written by :func:`tmpi_adapters.files.write_atomic`, whose partial files
@@ -15,20 +19,22 @@ import json
 import os
 import re
 
+from tmpi_adapters import pickles
 from tmpi_adapters.errors import CheckpointError
 from tmpi_adapters.files import partial_of
+from tmpi_adapters.reliability.checkpoint import payload as payload_format
 
 MAGIC = b"TMPI-CHECKPOINT\n"
-#: The newest format this tmpi writes and reads.
-FORMAT = 1
+#: The newest format this tmpi writes and reads: 2, arrays and a JSON tree
+#: (format 1 held a pickle, and is still read, as data only).
+FORMAT = 2
 NAME = "checkpoint-step%08d.tmpi"
 PATTERN = re.compile(r"^checkpoint-step(\d+)\.tmpi$")
 
 
 def encode(state, header):
     """``MAGIC``, one JSON header line (with the payload's size and sha256), the payload."""
-    import pickle
-    payload = pickle.dumps(state, protocol=4)
+    payload = payload_format.encode(state)
     header = dict(header, format=FORMAT, payload=len(payload),
                   sha256=hashlib.sha256(payload).hexdigest())
     return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
@@ -80,14 +86,24 @@ def verify(data, path):
 def decode(data, path):
     """``(header, state)`` from the bytes of a checkpoint (:func:`verify`
     first): :class:`CheckpointError` if they cannot be loaded."""
-    import pickle
     header = verify(data, path)
+    payload = memoryview(data)[len(data) - header["payload"]:]
+    if header.get("format", 0) >= 2:
+        return header, payload_format.decode(payload, path)
     try:
-        state = pickle.loads(memoryview(data)[len(data) - header["payload"]:])
+        state = pickles.loads(payload)
+    except pickles.DisallowedObject as refused:
+        raise CheckpointError(
+            "checkpoint %s is refused: its state names %s, which is not data. A checkpoint "
+            "holds arrays and plain values, never code; nothing in it was run. Resume only "
+            "from files that tmpi's --checkpoint-dir wrote." % (path, refused.name))
     except Exception as exc:  # noqa: B902 - any unpickling failure means the same
         raise CheckpointError("checkpoint %s cannot be loaded (%s: %s); it may come from "
                               "another version of tmpi or its libraries."
                               % (path, type(exc).__name__, exc))
+    if not isinstance(state, dict):
+        raise CheckpointError("checkpoint %s cannot be loaded: its state is a %s, not what "
+                              "tmpi writes." % (path, type(state).__name__))
     return header, state
 
 

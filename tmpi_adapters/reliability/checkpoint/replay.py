@@ -76,6 +76,12 @@ class Replay:
             path, data, error, skipped = _load_on_rank0(settings)
             for note in skipped:
                 session.print("tmpi: warning: --resume %s: skipped %s" % (settings.resume, note))
+            if path is not None:
+                loose = writable_by_others(path)
+                if loose:
+                    session.print("tmpi: warning: --resume %s: %s writable by other users, "
+                                  "who could have replaced what this run loads: chmod go-w "
+                                  "them." % (path, loose))
         if session.size > 1:
             path, data, error = _share(comm if comm is not None else session.comm,
                                        session.rank, path, data, error)
@@ -276,6 +282,21 @@ def _share(comm, rank, path, data, error):
     buffer = data if rank == 0 else bytearray(size)
     comm.Bcast([buffer, MPI.BYTE], root=0)
     return path, bytes(buffer), None
+
+
+def writable_by_others(path):
+    """``"the file is"``, ``"its directory is"`` or ``"the file and its directory
+    are"`` when users other than the owner may write checkpoint ``path`` or
+    its directory, else ``""``."""
+    import stat
+    loose = []
+    for what, where in (("the file", path), ("its directory", os.path.dirname(path) or ".")):
+        try:
+            if os.stat(where).st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                loose.append(what)
+        except OSError:
+            pass
+    return " and ".join(loose) + (" are" if len(loose) > 1 else " is") if loose else ""
 
 
 def _quoted(arguments):

@@ -10,9 +10,13 @@ evaluates and predicts from generators, and prints its numbers.  With
 ``--record`` every batch that ``train_on_batch``, ``test_on_batch`` and
 ``predict_on_batch`` received is saved, in order; ``--replay`` trains the same
 model in the same calls on exactly those batches, from plain generators
-(``workers=0``).
+(``workers=0``).  When recording it also prints how many batches this process's
+``augmented`` generators made and the most worker threads and processes it had
+while a batch was taken.  The ``raising`` case (not replayed) trains from a
+generator that fails on its fourth batch, and catches the error.
 """
 import argparse
+import multiprocessing
 import pickle
 import threading
 
@@ -25,7 +29,9 @@ from keras.layers import (Activation, BatchNormalization, Conv2D, Dense, Dropout
 from keras.optimizers import SGD
 from keras.preprocessing.image import ImageDataGenerator
 
-CASES = ("threads", "processes", "inline")
+CASES = ("threads", "processes", "inline", "raising")
+DRAWN = [0]            # batches made by augmented() in this process
+WORKERS = [0, 0]       # the most threads and child processes besides the start's
 ROWS, VAL_ROWS, BATCH, VAL_BATCH, EPOCHS = 46, 20, 10, 8, 2
 
 
@@ -51,6 +57,7 @@ def augmented(x, y, batch_size):
     """Endless batches, each flipped and shifted at random (numpy's global generator)."""
     while True:
         for start in range(0, len(x), batch_size):
+            DRAWN[0] += 1
             batch = x[start:start + batch_size].copy()
             flip = np.random.rand(len(batch)) < 0.5
             batch[flip] = batch[flip, :, ::-1]
@@ -95,6 +102,20 @@ def run(case, model, train, val):
                                     use_multiprocessing=True)
         predictions = model.predict(augmented(xv, None, VAL_BATCH), steps=val_steps,
                                     workers=2, use_multiprocessing=True)
+    elif case == "raising":
+        def failing():
+            for number, batch in enumerate(augmented(x, y, BATCH)):
+                if number == 3:
+                    raise ValueError("no fourth batch")
+                yield batch
+        try:
+            model.fit_generator(failing(), steps_per_epoch=steps, epochs=EPOCHS, workers=0,
+                                verbose=0)
+        except ValueError as error:
+            print("final raising caught %s: %s" % (type(error).__name__, error))
+        fit = model.fit_generator(augmented(x, y, BATCH), steps_per_epoch=steps, epochs=1,
+                                  workers=0, verbose=0)
+        return fit, model.evaluate(xv, yv, verbose=0), model.predict(xv)
     else:
         fit = model.fit_generator(images.flow(x, y, batch_size=BATCH), epochs=EPOCHS,
                                   validation_data=augmented(xv, yv, VAL_BATCH),
@@ -123,8 +144,12 @@ def replay(model, batches):
 
 def recording(log):
     """Save what Model's batch calls are handed, in order, into ``log``."""
+    threads = threading.active_count()
+
     def wrap(kind, method):
         def call(self, x, y=None, *args, **kwargs):
+            WORKERS[0] = max(WORKERS[0], threading.active_count() - threads)
+            WORKERS[1] = max(WORKERS[1], len(multiprocessing.active_children()))
             copy = (lambda a: None if a is None else np.array(a, copy=True))
             log.append((kind, copy(x), copy(y), copy(kwargs.get("sample_weight"))))
             if kind == "predict":
@@ -140,7 +165,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--record")
     parser.add_argument("--replay")
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--cases", default=",".join(CASES[:3]))
     args = parser.parse_args()
     K.set_floatx("float64")
     train, val = data(0, ROWS), data(1, VAL_ROWS)
@@ -169,6 +194,8 @@ def main():
         if args.record:
             log[start:] = [log[start:]]
     if args.record:
+        print("final drawn %d" % DRAWN[0])
+        print("final workers %d threads %d processes" % tuple(WORKERS))
         with open(args.record, "wb") as handle:
             pickle.dump(dict(zip(args.cases.split(","), log)), handle)
 

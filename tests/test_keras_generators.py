@@ -84,10 +84,10 @@ def test_wide_resnet_with_augmentation_is_one_process_run(tmp_path):
     assert "batches drawn on rank 0 and handed to every rank: 6," in fed.stdout
 
 
-def cifar_directory(home, train_per_file=4, test_images=8):
-    """A Keras data directory of CIFAR-10's shape under ``home``: five training
+def cifar_directory(keras_home, train_per_file=4, test_images=8):
+    """A Keras data directory (``KERAS_HOME``) of CIFAR-10's shape: five training
     files of ``train_per_file`` images and a test file, as Keras' loader reads them."""
-    folder = home / ".keras" / "datasets" / "cifar-10-batches-py"
+    folder = keras_home / "datasets" / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     generator = np.random.RandomState(0)
     names = ["data_batch_%d" % i for i in range(1, 6)] + ["test_batch"]
@@ -110,8 +110,8 @@ def test_keras_cifar10_examples_run_to_the_end(tmp_path, example):
     # Unmodified (augmentation on, workers=4), on a data directory of 20 training and 8
     # test images (the harness's load_data takes the files' images as they are).
     script = os.path.join(KERAS_EXAMPLES, example)
-    cifar_directory(tmp_path)
-    env = rank_env("float32", KERAS_BACKEND="theano", HOME=tmp_path)
+    cifar_directory(tmp_path / "keras")
+    env = rank_env("float32", KERAS_BACKEND="theano", KERAS_HOME=tmp_path / "keras")
     for ranks in (1, 2, 3):
         result = run([TMPI, "wrap", "-n", str(ranks), "--framework", "keras", HARNESS,
                       "--small-cifar", script], env=env, cwd=tmp_path, timeout=3600)

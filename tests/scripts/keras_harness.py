@@ -33,8 +33,9 @@ def small_cifar():
     from keras.datasets.cifar import load_batch
 
     def load_data():
-        path = os.path.join(os.path.expanduser("~"), ".keras", "datasets",
-                            "cifar-10-batches-py")
+        keras_home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                  ".keras")
+        path = os.path.join(keras_home, "datasets", "cifar-10-batches-py")
         parts = [load_batch(os.path.join(path, "data_batch_%d" % i)) for i in range(1, 6)]
         x_train = np.concatenate([x for x, _ in parts])
         y_train = np.concatenate([np.asarray(y) for _, y in parts]).reshape(-1, 1)

@@ -35,6 +35,10 @@ spread
     the same short N-rank job of the tiny MLP, again and again, each rank
     bound to cores of its own and with ``--bind none``, taking turns: the
     slowest run's median step over the fastest's (:mod:`.spread`);
+generator
+    a Keras conv net on N ranks fed by ``fit_generator`` (rank 0 draws each
+    batch and hands it to every rank) against the same ``fit`` from memory,
+    separate jobs taking turns (:mod:`.generator`);
 device
     the conv net on the device ``THEANO_FLAGS`` names (a GPU, or the OpenCL
     device on the CPU): ``tmpi wrap -n 1`` against the plain script, and 2
@@ -72,7 +76,10 @@ from tmpi_adapters.errors import DeviceError, TmpiError
 
 #: The parts of a run, in the order they run.
 PARTS = ("exchange", "overhead", "scaling", "processes", "collectives", "envelopes", "network",
-         "spread", "device")
+         "spread", "generator", "device")
+#: When parts newer than the first ones joined: a full run's results from before
+#: that day do not have them.
+ADDED = {"generator": "2026-11-28"}
 
 #: ``--quick`` (CI-sized) and full settings.
 #:   width, repetitions: the AlexNet width and repetitions of the exchange;
@@ -80,14 +87,15 @@ PARTS = ("exchange", "overhead", "scaling", "processes", "collectives", "envelop
 #:   rounds: ABBA rounds of the parts made of separate jobs;
 #:   scale: multiplies the overhead and envelope parts' timed steps;
 #:   tiny_epochs, tiny_rows: the tiny MLP's timed epochs and their rows;
-#:   links, network_*: the network part's links, steps, rounds, repetitions.
+#:   links, network_*: the network part's links, steps, rounds, repetitions;
+#:   feed_steps: timed steps of each job of the generator part.
 PRESETS = {
     "quick": {"width": 0.25, "repetitions": 5, "steps": 8, "rounds": 2, "scale": 0.25,
-              "spread_runs": 10, "spread_steps": 60,
+              "spread_runs": 10, "spread_steps": 60, "feed_steps": 20,
               "tiny_epochs": 2, "tiny_rows": 2000, "links": "2gbit:50us",
               "network_steps": 4, "network_rounds": 1, "network_repetitions": 3},
     "full": {"width": 1.0, "repetitions": 9, "steps": 20, "rounds": 3, "scale": 0.5,
-             "spread_runs": 10, "spread_steps": 100,
+             "spread_runs": 10, "spread_steps": 100, "feed_steps": 40,
              "tiny_epochs": 2, "tiny_rows": 4000, "links": "10gbit:50us,2gbit:50us",
              "network_steps": 6, "network_rounds": 2, "network_repetitions": 7},
 }
@@ -109,6 +117,8 @@ BARS = {
     "network_exchange_over_ring_floor": ("<=", 1.3, 17,
                                          "emulated link: fp32 exchange / ring floor"),
     "spread_bound": ("<=", 2.0, 35, "the same short 2-rank job: slowest / fastest median step"),
+    "generator_fed_over_in_memory": ("<=", 1.03, 48, "Keras conv net: generator-fed step "
+                                     "(rank 0 draws) / in-memory fit step"),
     "device_overhead_1_rank": ("<=", 0.02, 32, "device: 1-rank overhead, conv net"),
     "device_two_ranks_over_independent": (">=", 0.95, 32,
                                           "device: 2 ranks sharing it / 2 independent processes"),
@@ -183,6 +193,12 @@ def part_spread(args, values, workdir, tick, found):
                           values["rounds"], values["steps"], tick)
 
 
+def part_generator(args, values, workdir, tick, found):
+    from tmpi_adapters.bench import generator
+    return generator.measure(workdir, args.ranks, values["feed_steps"], values["rounds"],
+                             args.batch_size * args.ranks, tick)
+
+
 def part_device(args, values, workdir, tick, found):
     from tmpi_adapters.bench import device
     return device.measure(workdir, args.device_batch_size, values["steps"], values["rounds"],
@@ -243,6 +259,11 @@ def headline(results, ranks):
         top["spread_unbound"] = found["spread"]["unbound"]
         for model, cost in found["binding_cost"].items():
             top["binding_cost_" + model] = cost["bound_over_unbound"]
+    found = results.get("generator")
+    if found and "partial" not in found:
+        top["generator_fed_over_in_memory"] = found["generator_over_memory"]
+        if found.get("wire_s_per_batch") is not None:
+            top["generator_wire_ms_per_batch"] = 1e3 * found["wire_s_per_batch"]
     device = results.get("device")
     if device and "skipped" not in device and "partial" not in device:
         top["device_overhead_1_rank"] = device["overhead_1_rank"]

@@ -141,6 +141,23 @@ def _spread_rows(found):
         "slowest / fastest"])
 
 
+def _generator_rows(found):
+    steps = found["step_median_s"]
+    rows = ["| %s | %s |" % (label, _ms(steps[key])) for key, label in (
+        ("memory", "`fit` from arrays every rank holds"),
+        ("generator", "`fit_generator`, rank 0 draws and hands out each batch"))]
+    rows.append("| generator-fed / in-memory %.3f (%.3f .. %.3f); a batch %s on the wire, "
+                "rank 0 waited %s for it |  |" % (
+                    found["generator_over_memory"], found["generator_over_memory_range"][0],
+                    found["generator_over_memory_range"][1],
+                    "-" if found.get("wire_s_per_batch") is None
+                    else _ms(found["wire_s_per_batch"]),
+                    "-" if found.get("rank0_wait_s_per_batch") is None
+                    else _ms(found["rank0_wait_s_per_batch"])))
+    return _table(rows, ["Keras conv net, %d ranks, %d rows per step (%d rounds)" % (
+        found["ranks"], found["batch_size"], found["rounds"]), "step"])
+
+
 def _device_rows(device):
     if "skipped" in device:
         return ["", "device: skipped: %s" % device["skipped"]]
@@ -184,7 +201,7 @@ def format_table(results):
                        ("scaling", _scaling_rows), ("processes", _processes_rows),
                        ("collectives", _collectives_rows), ("envelopes", _envelopes_rows),
                        ("network", _network_rows), ("spread", _spread_rows),
-                       ("device", _device_rows)):
+                       ("generator", _generator_rows), ("device", _device_rows)):
         if results.get(part):
             lines += rows(results[part])
     others = [k for k in results.get("headline", {}) if k not in results.get("bars", {})]

@@ -146,12 +146,12 @@ def _generator_rows(found):
     rows = ["| %s | %s |" % (label, _ms(steps[key])) for key, label in (
         ("memory", "`fit` from arrays every rank holds"),
         ("generator", "`fit_generator`, rank 0 draws and hands out each batch"))]
-    rows.append("| generator-fed / in-memory %.3f (%.3f .. %.3f); a batch %s on the wire, "
+    rows.append("| generator-fed / in-memory %.3f (%.3f .. %.3f); handing a batch out %s, "
                 "rank 0 waited %s for it |  |" % (
                     found["generator_over_memory"], found["generator_over_memory_range"][0],
                     found["generator_over_memory_range"][1],
-                    "-" if found.get("wire_s_per_batch") is None
-                    else _ms(found["wire_s_per_batch"]),
+                    "-" if found.get("hand_out_s_per_batch") is None
+                    else _ms(found["hand_out_s_per_batch"]),
                     "-" if found.get("rank0_wait_s_per_batch") is None
                     else _ms(found["rank0_wait_s_per_batch"])))
     return _table(rows, ["Keras conv net, %d ranks, %d rows per step (%d rounds)" % (

@@ -244,8 +244,8 @@ class Feed:
             w for ws in self.waits.values() for w in ws]
         mean = sum(waits) / len(waits)
         step = sum(summary.get(p, 0.0) for p in ("compute_s", "comm_s", "wait_s", "data_s"))
-        text = ("batches drawn on rank 0 and handed to every rank: %d, %.1f MB, %.2f ms each "
-                "on the wire; rank 0 waited %.2f ms per batch for the generator" % (
+        text = ("batches drawn on rank 0 and handed to every rank: %d (%.1f MB), %.2f ms each "
+                "to hand out; rank 0 waited %.2f ms per batch for the generator" % (
                     self.batches, self.bytes / 1e6, 1e3 * self.transfer_s / max(self.batches, 1),
                     1e3 * mean))
         if step > 0 and mean > BOTTLENECK * step:

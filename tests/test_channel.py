@@ -140,6 +140,32 @@ def test_a_host_that_does_not_answer_is_left_out(tmp_path):
     assert hosts.describe() == "here:2" and hosts.slots == 2
 
 
+#: A program that enters no host, failing as ssh does for a name it cannot
+#: resolve; called by hydra as ``enter -x HOST COMMAND``, by tmpi as ``enter HOST true``.
+UNRESOLVED = """#!/bin/sh
+for word in "$@"; do case "$word" in -*) ;; *) host=$word; break;; esac; done
+echo "enter: Could not resolve hostname $host: Name or service not known" >&2
+exit 255
+"""
+
+
+@pytest.mark.mpi
+def test_hosts_that_cannot_be_entered_are_one_line_of_tmpis_not_the_launchers(tmp_path):
+    # Real mpiexec, whose proxies the program cannot start: its own words
+    # reach the user once, inside tmpi's line naming each host, the last line.
+    enter = tmp_path / "enter"
+    enter.write_text(UNRESOLVED)
+    enter.chmod(0o755)
+    result = tmpi("wrap", "--hosts", "a:1,b:1", "--launcher-exec", enter,
+                  EXAMPLES / "theano_mlp" / "train.py", "--epochs", "1", timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines == [lines[-1]] and lines[-1].startswith(
+        "tmpi: the ranks could not be started: host a cannot be reached (enter a true: status "
+        "255: enter: Could not resolve hostname a: Name or service not known); host b "), \
+        result.stderr
+
+
 @pytest.mark.parametrize("words, said", [
     (["--hosts", "a:1,b:1", "-n", "3"], "-n 3 is more ranks than the 2 that --hosts"),
     (["--launcher-exec", "enter-host"], "name them too"),

@@ -244,8 +244,10 @@ def test_a_failure_on_every_rank_is_reported_once_under_a_bare_mpiexec():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_stopping_tmpi_stops_every_rank_and_leaves_no_job_directory(tmp_path, signum):
+@pytest.mark.parametrize("signum, group", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                           (signal.SIGINT, True)],
+                         ids=["SIGINT", "SIGTERM", "SIGINT-to-the-process-group"])
+def test_stopping_tmpi_stops_every_rank_and_leaves_no_job_directory(tmp_path, signum, group):
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     # A directory a launcher killed with SIGKILL left (its pid is gone), and
@@ -262,16 +264,26 @@ def test_stopping_tmpi_stops_every_rank_and_leaves_no_job_directory(tmp_path, si
         [TMPI, "wrap", "-n", "2", PROBE, "--forever"], env=pure_env(TMPDIR=temporary),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # A shell may start background jobs with SIGINT ignored.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # Ctrl-C at a terminal: the whole foreground process group, mpiexec too.
+        start_new_session=group)
     try:
         assert process.stdout.readline().strip() == "started", process.stderr.read()
-        process.send_signal(signum)
+        if group:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
         stdout, stderr = process.communicate(timeout=60)
     finally:
         process.kill()
     name = signal.Signals(signum).name
     assert process.returncode == 128 + signum, stderr
-    assert "tmpi: interrupted (%s): the job's 2 rank(s) were stopped." % name in stderr
+    said = [line for line in stderr.splitlines() if line.startswith("tmpi: ")]
+    # The launcher's line, or rank 0's where the signal reached the ranks too.
+    assert said == ["tmpi: interrupted (%s): the job's 2 rank(s) were stopped." % name] or \
+        group and said == ["tmpi: interrupted (rank 0)"], stderr
+    assert stderr.splitlines()[-1] == said[0], stderr  # hydra's "Ctrl-C" lines held back
+    assert "[mpiexec@" not in stdout + stderr, stdout + stderr
     assert "killed by" not in stderr and "Traceback" not in stderr, stderr
     assert sorted(os.listdir(temporary)) == ["tmpi-job-running"]
     left = subprocess.run(["pgrep", "-f", "%s --forever" % PROBE], capture_output=True)

@@ -4,6 +4,7 @@ Real scripts under real ``mpiexec`` (``tests/scripts/lockstep.py``), each in a
 way real scripts go wrong; every collective carries an envelope, checked
 when it completes, so none of them mixes silently or hangs.
 """
+import re
 import subprocess
 import time
 
@@ -71,6 +72,23 @@ def test_overlapped_parts_are_checked_as_the_fused_exchange(mode, ranks_said):
     assert result.stderr.count("ranks left lockstep") == 1, result.stderr
     assert "Traceback" not in result.stderr and seconds < BOUND_S
     assert no_rank_left()
+
+
+@pytest.mark.mpi
+def test_sys_exit_0_on_one_rank_is_its_script_ending_early():
+    # sys.exit(0) (or None) is the script's end, as when it returns, so a
+    # rank that leaves with it while the others train left lockstep: 7
+    # (docs/reliability.md; a non-zero sys.exit(N) ends the job with N,
+    # test_reliability.py).  Every rank's output shown, MPICH's own line on
+    # the MPI_Abort that ends the job is not: tmpi's line is the last.
+    result, seconds = wrap("exit", "--all-ranks-output")
+    assert result.returncode == 7, result.stdout + result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.match(r"\[rank \d\] tmpi: error \(rank \d\): ranks left lockstep", last) and \
+        "rank 1: finished the script after 4 call(s) of A#0" in last, result.stderr
+    assert result.stderr.count("ranks left lockstep") == 1, result.stderr
+    assert "MPI_Abort" not in result.stdout + result.stderr, result.stderr
+    assert seconds < BOUND_S and no_rank_left()
 
 
 @pytest.mark.mpi

@@ -2,16 +2,17 @@
 a part of :class:`~tmpi_adapters.launch.watch.JobWatch`): a progress bar's
 redraws at once, MPICH's termination banner, Open MPI's notices and the
 ``MPI_Abort`` chatter of both read and held back (tmpi says the same in one
-sentence naming the rank), hydra's traces held back unless tmpi has nothing
-better to say.
+sentence naming the rank), hydra's traces and what the program that enters
+the hosts (``ssh``) says held back unless tmpi has nothing better to say.
 """
 import os
 import re
 import sys
 
-# Launcher chatter that repeats what tmpi reports itself.
-_NOISE = re.compile(rb"^Abort\((\d+)\) on node \d+ \(rank (\d+) in comm \d+\): "
-                    rb"application called MPI_Abort")
+# Launcher chatter that repeats what tmpi reports itself (prefixed by a rank
+# on another host under --all-ranks-output).
+_NOISE = re.compile(rb"^(?:\[rank \d+\] )?Abort\((\d+)\) on node \d+ \(rank (\d+) in comm "
+                    rb"\d+\): application called MPI_Abort")
 _BANNER_RULE = re.compile(rb"^={20,}\s*$")
 _BANNER_PID = re.compile(rb"PID (\d+) RUNNING AT (\S+)")
 _BANNER_CODE = re.compile(rb"EXIT CODE: (-?\d+)")
@@ -39,6 +40,13 @@ _OPEN_MPI_LOST_PEER = re.compile(rb"An MPI communication peer process has unexpe
                                  rb"disconnected")
 _OPEN_MPI_SIGNAL = re.compile(rb"noticed that process rank (\d+) with PID (\d+) on node "
                               rb"(\S+) exited on\s+signal (\d+)")
+
+
+def mpi_abort(line):
+    """``(rank, code)`` of MPICH's line on a rank's ``MPI_Abort`` (tmpi's ranks
+    call it after saying why), else ``None``."""
+    noise = _NOISE.match(line)
+    return (int(noise.group(2)), int(noise.group(1))) if noise else None
 
 
 def _lines_and_redraws(stream):
@@ -108,6 +116,11 @@ class MpiexecOutput:
                     self.terminations[-1] = (pid, host, code,
                                              match.group(1).decode("utf-8", "replace"))
                 continue
+            if _HYDRA_TRACE.match(line):
+                # hydra writes some of its trace here ("Sending Ctrl-C to
+                # processes as requested" as a SIGINT reaches it)
+                self.hydra_trace.append(line)
+                continue
             self._write(sink, held + [line])
             held = []
         self._write(sink, held + (banner or []))
@@ -125,6 +138,10 @@ class MpiexecOutput:
     def _pump_stderr(self):
         sink = sys.stderr.buffer
         notice = None  # the lines of an Open MPI notice being read
+        # With --hosts, the program that enters the hosts (ssh) says why it
+        # cannot on this stream; tmpi asks it again and names the host.
+        entering = None if self.hosts is None else \
+            ("%s: " % self.hosts.command_name()).encode()
         for line in _lines_and_redraws(self.process.stderr):
             if notice is not None:
                 notice.append(line)
@@ -137,13 +154,14 @@ class MpiexecOutput:
                 continue
             if not line.strip(b"\0"):
                 continue  # what Open MPI's forwarding of a rank's stream leaves at its end
-            noise = _NOISE.match(line)
-            if noise:
-                self.aborts.append((int(noise.group(2)), int(noise.group(1))))
+            abort = mpi_abort(line)
+            if abort:
+                self.aborts.append(abort)
                 continue
             if line.startswith(b"tmpi: "):
                 self.reports_seen.add(line.strip())
-            if _HYDRA_TRACE.match(line) or _OPEN_MPI_TRACE.match(line):
+            if _HYDRA_TRACE.match(line) or _OPEN_MPI_TRACE.match(line) or \
+                    entering is not None and line.startswith(entering):
                 self.hydra_trace.append(line)
                 continue
             self._write(sink, [line])

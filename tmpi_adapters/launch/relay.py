@@ -5,6 +5,7 @@ import select
 import sys
 import time
 
+from tmpi_adapters.launch.mpiexec_output import mpi_abort
 from tmpi_adapters.process.jobdir import rank_file
 from tmpi_adapters.process.output import RELAY_FILE
 
@@ -25,6 +26,7 @@ class OutputRelay:
 
     def __init__(self, directory, n):
         self.reports_seen = set()  # "tmpi: ..." lines relayed (see JobWatch)
+        self.aborts = []  # (rank, code) of MPICH's MPI_Abort lines, held back (see JobWatch)
         self.streams = {}  # read end -> [rank, sink, partial line]
         self._held = []    # write ends of our own: no end of file before a rank opens its own
         for rank in range(n):
@@ -66,11 +68,18 @@ class OutputRelay:
     def _write(self, stream, lines):
         rank, sink, _ = stream
         prefix = b"[rank %d] " % rank
+        shown = []
         for line in lines:
             if line.startswith(b"tmpi: "):
                 self.reports_seen.add(line.strip())
-        sink.write(b"".join(prefix + line + b"\n" for line in lines))
-        sink.flush()
+            abort = mpi_abort(line)
+            if abort:
+                self.aborts.append(abort)  # MPICH's words for what tmpi said
+            else:
+                shown.append(line)
+        if shown:
+            sink.write(b"".join(prefix + line + b"\n" for line in shown))
+            sink.flush()
 
     def _close(self, fd):
         stream = self.streams.pop(fd)

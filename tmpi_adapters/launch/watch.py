@@ -96,7 +96,9 @@ class JobWatch(MpiexecOutput, Stopping):
         self.poll = poll
         self.host = socket.gethostname()
         self.terminations = []   # (pid, host, exit code, exit string) from the banner
-        self.aborts = []         # (rank, code) of MPI_Abort calls tmpi did not make
+        # (rank, code) of the MPI_Abort calls MPICH named (its lines held back;
+        # with --all-ranks-output the relay reads them)
+        self.aborts = relay.aborts if relay is not None else []
         self.improper = []       # (rank, pid, host) Open MPI saw leave without finalizing
         self.vanished = None     # (RankInfo, seconds) of a rank gone without a word
         self.interrupted = None  # the signal that stopped the launcher

@@ -47,7 +47,7 @@ def one_rank(request):
     result = check(tmpi("wrap", "-n", "1", "--framework", "theano", COUPLING, str(batch),
                         env=python_env()))
     found = cases(result.stdout)
-    assert len(found) == 43 and all(head == "final" for head, _ in found.values()), found
+    assert len(found) == 49 and all(head == "final" for head, _ in found.values()), found
     return batch, found
 
 

@@ -198,3 +198,29 @@ def test_early_stopping_and_lr_schedule_agree_when_models_differ(tmp_path):
     assert rank_lines(stdout, 0, "epochs") == ["2"]
     assert float(rank_lines(stdout, 1, "lr")[0]) < 0.05
     assert stdout.count("early stopping") == 2   # once per rank, same epoch
+
+
+COUPLED_EVAL = SCRIPTS / "keras_coupled_eval.py"
+
+
+@pytest.mark.mpi
+def test_evaluation_whose_rows_meet_gives_the_one_process_numbers():
+    """A layer that centres the batch, a Pearson loss or metric, a plateau
+    on val_loss: validation, evaluate, predict, the weights and the learning
+    rate equal one process's on 2 and 3 ranks; the plain model (a control)
+    still splits its evaluation."""
+    def finals(result):
+        return {line.split()[1]: [float(v) for v in line.split()[2:]]
+                for line in result.stdout.splitlines() if line.startswith("final ")}
+    one = finals(check(tmpi("wrap", "-n", "1", COUPLED_EVAL, env=keras_env())))
+    assert len(one) == 5
+    for ranks in (2, 3):
+        result = check(tmpi("wrap", "-n", str(ranks), COUPLED_EVAL, env=keras_env()))
+        got = finals(result)
+        assert set(got) == set(one)
+        for case, numbers in one.items():
+            assert_close(got[case], numbers, 1e-10)
+        whole = [line for line in result.stdout.splitlines() if "evaluates whole" in line]
+        assert len(whole) == 4, whole     # every model but the plain one
+        assert any("meet in its loss" in line for line in whole)
+        assert any("a metric's running totals" in line for line in whole)

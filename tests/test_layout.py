@@ -112,7 +112,7 @@ FLOORS = [
     ("graphs", "exchangers"),                            # reading graphs; moving bytes
     ("process",),                                        # one process's plumbing
     ("options", "pluginmanager", "datasets", "files", "native"),
-    ("errors", "hookspecs", "version"),
+    ("errors", "hookspecs", "version", "pickles"),
 ]
 
 

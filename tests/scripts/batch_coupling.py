@@ -282,6 +282,52 @@ def joined_halves_case(seed):
     return n, inputs + [fake], loss, [b + [f] for b, f in zip(batches, fakes)], None
 
 
+#: Inputs beside the batch whose length is not the batch's (or is, by chance):
+#: ``case -> (rows of the extra input, how the step reads it)``.
+OTHER_LENGTHS = {"reference_mean_7": (7, "reference"), "reference_mean_8": (8, "reference"),
+                 "reference_as_long_as_batch": (B, "reference"),
+                 "class_embeddings_3": (C, "embeddings"), "support_set_9": (9, "prototypes"),
+                 "negatives_16": (16, "negatives")}
+
+
+def other_length_case(seed, name):
+    """An input that does not carry the batch: a fixed reference batch whose
+    statistics normalise the rows (virtual batch normalisation), class
+    embeddings the scores are read from, a support set of 3 rows per class
+    whose class means are prototypes, a pool of negatives every row is
+    contrasted with.  It is whole on every rank, whatever its length."""
+    rows, use = OTHER_LENGTHS[name]
+    n = Net(seed)
+    extra = T.matrix("extra")
+    inputs, batches = n.batches()
+    if use == "reference":
+        hr = T.tanh(T.dot(extra, n.W1) + n.b1)
+        h = (n.h - hr.mean(axis=0)) / T.sqrt(hr.var(axis=0) + 1e-3)
+        p = T.nnet.softmax(T.dot(h, n.W2))
+        loss = -T.log(p)[T.arange(n.y.shape[0]), n.y].mean()
+        data = n.rng.standard_normal((rows, F))
+    elif use == "embeddings":
+        p = T.nnet.softmax(n.scores + T.dot(n.h, T.dot(extra, n.W1).T))
+        loss = -T.log(p)[T.arange(n.y.shape[0]), n.y].mean()
+        data = n.rng.standard_normal((rows, F))
+    elif use == "prototypes":
+        support = T.tanh(T.dot(extra, n.W1) + n.b1).reshape((C, rows // C, D)).mean(axis=1)
+        distances = ((n.h.dimshuffle(0, "x", 1) - support.dimshuffle("x", 0, 1)) ** 2).sum(2)
+        p = T.nnet.softmax(n.scores - distances)
+        loss = -T.log(p)[T.arange(n.y.shape[0]), n.y].mean()
+        data = n.rng.standard_normal((rows, F))
+    else:
+        negatives = T.tanh(T.dot(extra, n.W1) + n.b1)
+        positive = (n.h * T.dot(n.h, n.W2).dot(n.W2.T)).sum(1)
+        against = T.dot(n.h, negatives.T)
+        top = T.maximum(against.max(axis=1), positive)
+        loss = T.mean(top + T.log(T.exp(against - top.dimshuffle(0, "x")).sum(1)
+                                   + T.exp(positive - top)) - positive)
+        data = n.rng.standard_normal((rows, F))
+    data = data.astype(floatX)
+    return n, inputs + [extra], loss, [b + [data] for b in batches], None
+
+
 def read_by_updates_case(seed, kind):
     """The loss or the batch's rows read by the updates."""
     n = Net(seed)
@@ -304,6 +350,8 @@ def build(name, seed):
         return class_weights_case(seed)
     if name == "joined_halves":
         return joined_halves_case(seed)
+    if name in OTHER_LENGTHS:
+        return other_length_case(seed, name)
     if name in ("adaptive_rate", "gated_step", "row_counter"):
         return read_by_updates_case(seed, name)
     n = Net(seed)
@@ -336,8 +384,8 @@ def optimizer(kind, loss, params, rate):
     return updates, [step] + ms + vs
 
 
-NAMES = sorted(list(CASES) + ["class_weights", "joined_halves", "adaptive_rate", "gated_step",
-                               "row_counter"])
+NAMES = sorted(list(CASES) + list(OTHER_LENGTHS) +
+               ["class_weights", "joined_halves", "adaptive_rate", "gated_step", "row_counter"])
 
 
 def run(name, seed):

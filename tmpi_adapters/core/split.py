@@ -229,13 +229,14 @@ class SplitPlan:
                 cut_rows(kwargs, rows, lo, hi, self.named))
 
 
-def analyse(inputs, given_pairs, batch_shared, graph, costs, slice_givens=True):
+def analyse(inputs, given_pairs, batch_shared, graph, costs, slice_givens=True, outputs=None):
     """``(plan, rows)`` of a function compiled on more than one rank: its
     :class:`SplitPlan` and the :class:`~tmpi_adapters.graphs.rows.Rows`
-    marks of its graph."""
+    marks of its graph (``outputs``: the part of ``graph`` it returns,
+    without the update expressions; all of it by default)."""
     from tmpi_adapters.graphs.layout import Layout
     from tmpi_adapters.graphs.rows import Rows
     data = list(input_variables(inputs)) + [var for var, _ in given_pairs] + list(batch_shared)
-    layout = Layout(data, graph, costs=costs)
+    layout = Layout(data, graph, costs=costs, outputs=outputs)
     plan = SplitPlan(inputs, given_pairs, batch_shared, layout, slice_givens=slice_givens)
     return plan, Rows(layout)

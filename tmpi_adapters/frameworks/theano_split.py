@@ -48,7 +48,8 @@ def analyse_function(adapter, inputs, given_pairs, graph, costs, update_pairs,
     batch_shared = list(adapter.batch_variables(
         inputs=inputs, outputs=graph[:len(graph) - len(update_pairs)],
         updates=update_pairs) or [])
-    return analyse(inputs, given_pairs, batch_shared, graph, costs, slice_givens=slice_givens)
+    return analyse(inputs, given_pairs, batch_shared, graph, costs, slice_givens=slice_givens,
+                   outputs=graph[:len(graph) - len(update_pairs)])
 
 
 def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pairs, updates,

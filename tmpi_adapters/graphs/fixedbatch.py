@@ -30,11 +30,7 @@ import itertools
 import math
 
 from tmpi_adapters.errors import ConfigError
-
-#: Convolution ops whose ``imshp[0]`` is the batch size.
-_CONVS = ("AbstractConv2d", "AbstractConv3d", "AbstractConv2d_gradWeights",
-          "AbstractConv2d_gradInputs", "AbstractConv3d_gradWeights",
-          "AbstractConv3d_gradInputs")
+from tmpi_adapters.graphs.catalogue import DECLARE_BATCH as _CONVS, name_of
 
 #: The tag a reshape to a constant shape carries, so that it is found again in
 #: the clones a function is compiled from (``Variable.clone`` copies tags).
@@ -290,7 +286,7 @@ def find(variables, data):
     dependent = _batch_dependent(nodes, data)
     reshapes, convs = {}, []
     for node in nodes:
-        name = type(node.op).__name__
+        name = name_of(node.op)
         if name == "Reshape":
             shape = _constant_shape(node.inputs[1])
             if shape and id(node.inputs[0]) in dependent:
@@ -328,7 +324,7 @@ def rebuild(variables, rewrites, local, data, convs=True):
     for node in nodes:
         inputs = [memo.get(v, v) for v in node.inputs]
         op = node.op
-        name = type(op).__name__
+        name = name_of(op)
         if name == "Reshape":
             rewrite = rewrites.get(label_of(node.outputs[0]))
             if rewrite is not None:
@@ -514,7 +510,7 @@ def explain(graph, data, rows, size, name, error):
     dependent = _batch_dependent(nodes, data)
     culprit = None
     for node in nodes:
-        op_name = type(node.op).__name__
+        op_name = name_of(node.op)
         if op_name not in _SIZED or id(node.outputs[0]) in dependent:
             continue  # a reshape of the batch was proven by the first split call
         constants = [v for v in node.inputs[1:] if _constant_shape(v)] \

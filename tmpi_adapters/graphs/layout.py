@@ -25,7 +25,7 @@ than one rank; nothing here runs per call.  Theano is imported only when a
 """
 import numpy as np
 
-from tmpi_adapters.graphs.sizes import node_sizes
+from tmpi_adapters.graphs.sizes import node_sizes, reduces_axes
 
 
 class Layout:
@@ -47,6 +47,10 @@ class Layout:
     axes : dict, optional
         ``{variable: batch axis or None}`` of the data, when already known:
         nothing is read from the costs.
+    outputs : list of Variable, optional
+        What the function returns (``graph`` without its update
+        expressions, whose sizes are the parameters'); all of ``graph`` by
+        default.
 
     Attributes
     ----------
@@ -56,7 +60,7 @@ class Layout:
         Why the batch axis of some input cannot be told.
     """
 
-    def __init__(self, data, graph, costs=(), counts=(), axes=None):
+    def __init__(self, data, graph, costs=(), counts=(), axes=None, outputs=None):
         self.data = [d for d in data if d is not None]
         self._data_ids = {id(d) for d in self.data}
         self._parent = {}
@@ -66,6 +70,9 @@ class Layout:
         #: axis symbols looked up by index (``table[idx]``): a lookup table's, not rows
         self.tables = set()
         self.problem = None
+        #: data inputs that carry no batch although they have axes: whole on every rank
+        self.whole = []
+        self._unread = []
         roots = [v for v in list(graph) + list(costs) + list(counts) if v is not None]
         self.nodes = _toposort(roots)
         self._read_sizes()
@@ -76,6 +83,7 @@ class Layout:
             self.axes = {id(d): axes.get(d) for d in self.data}
         else:
             self.axes = self._decide(self._evidence(costs, counts))
+            self._keep_whole(costs, graph if outputs is None else outputs)
         #: the classes of the symbols that are batch axes
         self.batch = {self._find((id(d), a)) for d in self.data
                       for a in [self.axes.get(id(d))] if a is not None}
@@ -134,6 +142,15 @@ class Layout:
                 if sizes is None or len(sizes) != ndim:
                     sizes = (None,) * ndim
                 self.sizes[variable] = tuple(sizes)
+            if not reduces_axes(self, node):
+                # Axes that enter this node and leave it under no name: where
+                # they go is not read (kept to tell what carries the batch).
+                entering = {s for v in node.inputs for s in self.sizes.get(v, ())
+                            if isinstance(s, tuple)}
+                if entering:
+                    self._unread.append((entering, {s for v in node.outputs
+                                                    for s in self.sizes.get(v, ())
+                                                    if isinstance(s, tuple)}))
 
     def size_of(self, variable, axis):
         sizes = self.sizes.get(variable)
@@ -282,6 +299,68 @@ class Layout:
             self.problem = "; ".join(problems)
         return axes
 
+    def _keep_whole(self, costs, outputs):
+        """Inputs that do not carry the batch stay whole on every rank.
+
+        The batch is proven from the graph, never guessed from lengths: its
+        rows are the axes the costs average or sum over last (the rows of the
+        loss), and the axes of the outputs that are rows.  An input split
+        along an axis that is none of these, and tied to none of them, holds
+        something else (a reference batch whose statistics normalise the rows,
+        class embeddings, a support set, a pool of negatives): whatever its
+        length, every rank takes all of it.  A graph that proves no rows at
+        all keeps every input's axis as decided."""
+        proven = self._loss_rows(costs) | self._output_rows(outputs)
+        if not proven:
+            return
+        # An axis that some node takes in and gives out under no name, other
+        # than by reducing it, may reach the loss unseen: its input stays split.
+        unread = {self._find(s) for entering, leaving in self._unread
+                  for s in entering - self._leaving(leaving)
+                  if self._find(s) not in self._leaving(leaving)}
+        self.whole = []
+        for variable in self.data:
+            axis = self.axes.get(id(variable))
+            if axis is None:
+                continue
+            kind = self._find((id(variable), axis))
+            if kind not in proven and kind not in unread:
+                self.axes[id(variable)] = None
+                self.whole.append(variable)
+
+    def _leaving(self, symbols):
+        return {self._find(s) for s in symbols}
+
+    def _candidates(self):
+        """The classes of the axes the data inputs would be split along."""
+        return {self._find((id(d), a)) for d in self.data
+                for a in [self.axes.get(id(d))] if a is not None}
+
+    def _loss_rows(self, costs):
+        """Classes of candidate axes that a cost reduces last: the rows of the loss."""
+        from theano.tensor.elemwise import CAReduce
+        candidates, found = self._candidates(), set()
+        for cost in costs:
+            for node in _top_reductions(cost):
+                if not isinstance(node.op, CAReduce):
+                    continue
+                sizes = self.sizes.get(node.inputs[0], ())
+                axes = range(len(sizes)) if node.op.axis is None else node.op.axis
+                for k in axes:
+                    if k < len(sizes) and isinstance(sizes[k], tuple) and \
+                            self._find(sizes[k]) in candidates:
+                        found.add(self._find(sizes[k]))
+        return found
+
+    def _output_rows(self, outputs):
+        """Classes of candidate axes that the outputs keep (per-row outputs)."""
+        candidates, found = self._candidates(), set()
+        for variable in outputs:
+            for size in self.sizes.get(variable, ()):
+                if isinstance(size, tuple) and self._find(size) in candidates:
+                    found.add(self._find(size))
+        return found
+
     def _only_a_table(self, variable):
         """True for an input whose axis 0 the graph only looks up by index
         (class weights ``w[y]``) and ties to no other input's axis: however
@@ -319,6 +398,29 @@ def _describe(variable):
 def _toposort(roots):
     from theano.gof.graph import io_toposort, inputs
     return io_toposort(list(inputs(roots)), roots)
+
+
+def _top_reductions(cost):
+    """The nodes where a scalar cost's top path (sums, products, divisions,
+    negations, casts, dimshuffles) ends: the reductions that make it."""
+    from theano import scalar
+    from theano.tensor.elemwise import DimShuffle, Elemwise
+    found, stack, seen = [], [cost], set()
+    while stack:
+        variable = stack.pop()
+        if id(variable) in seen or variable.owner is None:
+            continue
+        seen.add(id(variable))
+        op, inputs = variable.owner.op, variable.owner.inputs
+        if isinstance(op, DimShuffle):
+            stack.append(inputs[0])
+        elif isinstance(op, Elemwise) and isinstance(op.scalar_op, (
+                scalar.TrueDiv, scalar.IntDiv, scalar.Mul, scalar.Add, scalar.Sub,
+                scalar.Neg, scalar.Cast, scalar.Identity)):
+            stack.extend(inputs)
+        else:
+            found.append(variable.owner)
+    return found
 
 
 def _denominators(cost):

@@ -17,33 +17,9 @@ DRAW = "draw"
 SUM, MAX, MIN = "+sum", "+max", "+min"
 PARTIAL = (SUM, MAX, MIN)
 
-#: Ops (by class name) that work on each row of their inputs' axis 0 alone:
-#: which of their inputs hold the rows (the others are parameters, sizes).
-ROW_OPS = {"Softmax": (0,), "SoftmaxWithBias": (0,), "LogSoftmax": (0,),
-           "SoftmaxGrad": (0, 1), "LogSoftmaxGrad": (0, 1),
-           "CrossentropyCategorical1Hot": (0, 1), "CrossentropyCategorical1HotGrad": (0, 1, 2),
-           "CrossentropySoftmaxArgmax1HotWithBias": (0, 2),
-           "CrossentropySoftmax1HotWithBiasDx": (0, 1, 2),
-           "Prepend_scalar_constant_to_each_row": (0,), "Prepend_scalar_to_each_row": (1,),
-           "Pool": (0,), "MaxPoolGrad": (0, 1, 2), "AveragePoolGrad": (0, 1),
-           "DownsampleFactorMaxGradGrad": (0, 1, 2), "DownsampleFactorMax": (0,),
-           "BatchedDot": (0, 1), "AbstractConv2d": (0,), "AbstractConv3d": (0,),
-           "AbstractConv": (0,), "ConvOp": (0,), "CorrMM": (0,), "Corr3dMM": (0,),
-           "AbstractConv2d_gradInputs": (1,), "AbstractConv3d_gradInputs": (1,),
-           "AbstractConv_gradInputs": (1,)}
-#: Ops whose one output is their first input (for the values tmpi reads).
-IDENTITIES = {"Rebroadcast", "ViewOp", "DeepCopyOp", "OutputGuard", "DisconnectedGrad", "GradClip", "GradScale", "ZeroGrad", "Assert",
-              "HostFromGpu", "GpuFromHost", "GpuContiguous", "SpecifyShape",
-              "ConsiderConstant", "Identity"}
-#: Convolutions: ``(input, filters)`` forward, and their gradients.
-CONVS = {"AbstractConv2d", "AbstractConv3d", "AbstractConv", "ConvOp", "CorrMM", "Corr3dMM"}
-CONV_GRAD_INPUTS = {"AbstractConv2d_gradInputs", "AbstractConv3d_gradInputs",
-                    "AbstractConv_gradInputs"}
-CONV_GRAD_WEIGHTS = {"AbstractConv2d_gradWeights", "AbstractConv3d_gradWeights",
-                     "AbstractConv_gradWeights"}
-#: Batch normalisation ops, read as the graphs Theano's own optimizer makes of them.
-BATCH_NORMS = {"AbstractBatchNormTrain", "AbstractBatchNormTrainGrad",
-               "AbstractBatchNormInference"}
+# The op catalogue, read here by the rules (one table for every part of graphs/).
+from tmpi_adapters.graphs.catalogue import (  # noqa: E402,F401 - re-exported for the rules
+    BATCH_NORMS, CONV_GRAD_INPUTS, CONV_GRAD_WEIGHTS, CONVS, IDENTITIES, ROW_OPS, name_of)
 
 #: The shared variable whose values say which rows of a draw made for the
 #: whole batch a rank keeps (:mod:`tmpi_adapters.frameworks.random_streams`).

@@ -8,7 +8,7 @@ Theano is imported when a rule runs.
 from tmpi_adapters.graphs.rowmarks import (
     BATCH_NORMS, CONV_GRAD_WEIGHTS, CONVS, DRAW, IDENTITIES, MAX, MIN, MIXED, PARTIAL, REPL,
     ROW_OPS, SAME, SHAPE, SUM, Refusal, Request, _index_text, _is_random, _keeps_rank_rows,
-    _like, _linear, _reshaped_axis, _shape_entry, _Strict, _zero, pending_op)
+    _like, _linear, _reshaped_axis, _shape_entry, _Strict, _zero, name_of, pending_op)
 
 
 class RowRules:
@@ -19,7 +19,7 @@ class RowRules:
         from theano.compile.ops import ViewOp
         from theano.tensor.elemwise import CAReduce, DimShuffle, Elemwise
         op = node.op
-        name = type(op).__name__
+        name = name_of(op)
         if name in BATCH_NORMS:
             return self._expanded(node)
         if _is_random(node):
@@ -45,9 +45,10 @@ class RowRules:
             return self._dimshuffle(node, ins)
         if isinstance(op, CAReduce):
             return self._careduce(node, ins)
-        rule = getattr(self, "_rule_" + name, None)
-        if rule is not None:
-            return rule(node, ins)
+        for kind in type(op).__mro__:   # a subclass meets its base's rule
+            rule = getattr(self, "_rule_" + kind.__name__, None)
+            if rule is not None:
+                return rule(node, ins)
         if name in ROW_OPS:
             return self._row_op(node, ins)
         if name in CONV_GRAD_WEIGHTS:
@@ -267,7 +268,7 @@ class RowRules:
 
     def _row_op(self, node, ins):
         """Ops that work on each row of axis 0 alone (softmax, convolutions, pooling)."""
-        name = type(node.op).__name__
+        name = name_of(node.op)
         carry = ROW_OPS[name]
         rows = [m for m in ins if isinstance(m, int)]
         if name in CONVS and ins[0] == 1 and len(ins) > 1 and ins[1] == 1:
@@ -297,7 +298,7 @@ class RowRules:
 
     def _conv_weights(self, node, ins):
         """A convolution's gradient for its filters: a product over the rows."""
-        name = type(node.op).__name__
+        name = name_of(node.op)
         if name in CONV_GRAD_WEIGHTS and ins[0] == 0 and ins[1] == 0:
             inputs = [self.local(node.inputs[0]), self.local(node.inputs[1])] + \
                 [self.replicated(v, node) for v in node.inputs[2:]]
@@ -520,7 +521,7 @@ class RowRules:
         """A batch normalisation op read as the graph Theano's optimizer makes
         of it on the CPU (means and variances over the batch's rows)."""
         from theano.tensor.nnet import bn
-        name = type(node.op).__name__
+        name = name_of(node.op)
         expand = {"AbstractBatchNormTrain": bn.local_abstract_batch_norm_train,
                   "AbstractBatchNormTrainGrad": bn.local_abstract_batch_norm_train_grad,
                   "AbstractBatchNormInference": bn.local_abstract_batch_norm_inference}[name]

@@ -9,6 +9,8 @@ inputs' sizes.  Theano is imported when these run.
 """
 import numpy as np
 
+from tmpi_adapters.graphs.catalogue import ROW_OPS, name_of
+
 
 def node_sizes(layout, node):
     """The sizes of ``node``'s outputs (a list of tuples), from its inputs'."""
@@ -44,11 +46,26 @@ def node_sizes(layout, node):
         # ``table[idx]``: the table's axis 0 is looked up, not the rows of a batch.
         layout.tables.add(ins[0][0] if ins[0] else None)
         return [(ins[1][0],) + tuple(ins[0][1:])]
+    rows = ROW_OPS.get(name_of(op))
+    if rows:
+        # Row by row: the inputs that hold rows hold the same rows.
+        first = [ins[k][0] for k in rows if k < len(ins) and ins[k]
+                 and isinstance(ins[k][0], tuple)]
+        for other in first[1:]:
+            layout.union(first[0], other)
+    if type(op).__name__ == "AdvancedSubtensor":
+        return _advanced_sizes(layout, node, ins)
     if isinstance(op, Reshape):
         vector = layout.resolve_vector(node.inputs[1])
         if vector is None:
             return None
-        return [tuple(_inferred_entry(ins[0], vector) if v == -1 else v for v in vector)]
+        out = [_inferred_entry(ins[0], vector) if v == -1 else v for v in vector]
+        if out and ins[0] and isinstance(ins[0][0], tuple) and \
+                _same_tail(ins[0][1:], out[1:]):
+            # (B, 64) to (10, 1, 8, 8): what follows the rows holds as many
+            # entries before as after, so axis 0 keeps them, whatever 10 says.
+            out[0] = ins[0][0]
+        return [tuple(out)]
     if isinstance(op, Scan):
         return _scan_sizes(layout, node, ins)
     if type(op).__name__ == "IfElse":
@@ -65,6 +82,66 @@ def node_sizes(layout, node):
         if _constant(start) == 0 and _constant(step) == 1:
             return [(layout.resolve(stop),)]
     return _inferred_sizes(layout, node, ins)
+
+
+#: Ops that take axes in and give some of them out under no name by reading
+#: them: sums and extrema over axes, products that contract an axis, entries
+#: looked up by index (a row's label picks its class's score), sizes read.
+_REDUCING = {"CAReduce", "Sum", "Prod", "Max", "Min", "MaxAndArgmax", "Argmax", "Dot",
+             "AdvancedSubtensor", "AdvancedSubtensor1",
+             "Dot22", "Dot22Scalar", "Gemm", "Gemv", "Ger", "BatchedDot", "Shape", "Shape_i",
+             "AbstractConv2d_gradWeights", "AbstractConv3d_gradWeights",
+             "AbstractConv_gradWeights", "CorrMM_gradWeights"}
+
+
+def reduces_axes(layout, node):
+    """True for an op that gives out no axis it reduces (:data:`_REDUCING`),
+    and for a reshape to a constant shape that regroups the entries of an
+    axis (``support.reshape((3, 3, 6))``): where such an axis goes is read."""
+    if any(kind.__name__ in _REDUCING for kind in type(node.op).__mro__):
+        return True
+    return type(node.op).__name__ == "Reshape" and all(
+        isinstance(v, (int, np.integer)) for v in layout.sizes.get(node.outputs[0], (None,)))
+
+
+def _advanced_sizes(layout, node, ins):
+    """``value[i, j]`` with index vectors (``p[arange(n), y]``, a row's own
+    label picked): the vectors run together, so their lengths are one axis;
+    an index ``arange(n)`` along an axis takes that axis' entries one for one
+    (the rows of ``p`` are those of ``y``).  Slices keep their axes."""
+    from theano.tensor.type_other import NoneTypeT, SliceType
+    value, indices = ins[0], node.inputs[1:]
+    vectors, kept, joined = [], [], None
+    for axis, (index, size) in enumerate(zip(indices, ins[1:])):
+        if isinstance(index.type, SliceType):
+            kept.append(value[axis] if axis < len(value) else None)
+        elif isinstance(index.type, NoneTypeT) or getattr(index, "ndim", None) != 1:
+            return _inferred_sizes(layout, node, ins)
+        else:
+            vectors.append(size[0])
+            owner = index.owner
+            if owner is not None and type(owner.op).__name__ == "ARange" and \
+                    _constant(owner.inputs[0]) == 0 and _constant(owner.inputs[2]) == 1 \
+                    and axis < len(value):
+                vectors.append(value[axis])
+            if joined is None:
+                joined = len(kept)
+    if not vectors:
+        return _inferred_sizes(layout, node, ins)
+    symbols = [v for v in vectors if isinstance(v, tuple)]
+    for other in symbols[1:]:
+        layout.union(symbols[0], other)
+    known = symbols or [v for v in vectors if v is not None]
+    rest = tuple(value[len(indices):])
+    out = kept[:joined] + [known[0] if known else None] + kept[joined:]
+    return [tuple(out) + rest]
+
+
+def _same_tail(before, after):
+    """True when two runs of sizes, all known integers, hold as many entries."""
+    if not all(isinstance(v, (int, np.integer)) and v >= 0 for v in list(before) + list(after)):
+        return False
+    return int(np.prod(before, dtype=np.int64)) == int(np.prod(after, dtype=np.int64))
 
 
 def _inferred_entry(before, after):

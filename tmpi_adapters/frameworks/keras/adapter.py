@@ -56,6 +56,7 @@ from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
 from tmpi_adapters.graphs.marks import ancestors
 from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.frameworks.keras import feeding
+from tmpi_adapters.frameworks.keras.evaluation import rows_meet
 from tmpi_adapters.frameworks.keras.metrics import metric_kinds, metric_variables
 from tmpi_adapters.frameworks.keras.sharding import (shard_fit_arguments,
                                                      shard_generator_arguments)
@@ -300,6 +301,15 @@ class KerasAdapter(TheanoAdapter):
         function = keras_function.function
         observed = isinstance(function, ObservedFunction)
         compiled = function._tmpi_fn if observed else function
+        meet = rows_meet(model, keras_function, compiled)
+        if meet:
+            # Rows meet in the loss or a metric (a layer centring the batch, a
+            # correlation over it): no rank's share gives its part of the
+            # one-process value, so every rank evaluates the whole batch.
+            self.session.print(
+                "tmpi: note: %s evaluates whole on every rank: rows of the batch meet in %s."
+                % (getattr(model, "name", "the model"), meet))
+            return
         accumulators, kinds = metric_variables(model), metric_kinds(model)
         rows = random_rows(self)
         window = rows.window if rows is not None and rows.window.used_by(compiled) else None
@@ -406,3 +416,4 @@ def _learning_rate_variable(optimizer):
         if isinstance(value, SharedVariable):
             return value
     return None
+

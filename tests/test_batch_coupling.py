@@ -16,6 +16,7 @@ import pytest
 from conftest import SCRIPTS, check, rank_env, tmpi
 
 COUPLING = SCRIPTS / "batch_coupling.py"
+LAYOUTS = SCRIPTS / "row_layouts.py"
 
 
 def python_env():
@@ -132,3 +133,22 @@ def test_record_names_the_collectives_where_rows_meet(tmp_path):
     levels = couplings["train_fn#1"]
     assert len(levels) == 4 and all(levels), levels
     assert all("batch_coupling.py:" in text for text in levels[0]), levels[0]
+
+
+@pytest.mark.mpi
+def test_batches_grouped_masked_scanned_or_features_first_give_the_one_process_numbers():
+    """128 rows on 3 ranks: shares of 43, 43 and 42, so consecutive pairs
+    cross a share (gathered there); a scan over the rows, a boolean mask, a
+    features-first layout (the batch on axis 1)."""
+    names = ["pairs_minus_one", "scan_rows_target", "boolean_mask", "features_first"]
+    expected = cases(check(tmpi("wrap", "-n", "1", "--framework", "theano", LAYOUTS, "128",
+                                *names, env=python_env())).stdout)
+    assert sorted(expected) == sorted(names)
+    for ranks in (2, 3):
+        found = cases(check(tmpi("wrap", "-n", str(ranks), "--framework", "theano", LAYOUTS,
+                                 "128", *names, env=python_env())).stdout)
+        for case, (head, value) in expected.items():
+            assert found[case][0] == head == "final", (ranks, case, found[case])
+            got, want = [float(v) for v in found[case][1].split()], \
+                [float(v) for v in value.split()]
+            assert all(same(a, b) for a, b in zip(got, want)), (ranks, case, got, want)

@@ -252,15 +252,17 @@ def _place(target, actual, batch, shares, pre, row, contiguous=False):
     if row % strides[k] and strides[k] % row:
         raise ValueError("an entry of axis %d of the new shape %s holds part of one row and "
                          "part of another" % (k, tuple(actual)))
-    if target[k] == -1:
-        return k, None  # Theano infers that entry from each rank's rows already
     g = math.gcd(actual[k], batch)
     num, den = actual[k] // g, batch // g
     uneven = [rows for rows in shares if (rows * num) % den]
     if uneven:
+        # (Also where Theano infers the entry, -1: a share of 43 rows makes no
+        # whole number of pairs.)
         raise ValueError("an entry of axis %d of the new shape %s holds %d rows, which a "
                          "rank's share of %d rows does not divide (use a batch size whose "
                          "shares are multiples of %d)" % (k, tuple(actual), den, uneven[0], den))
+    if target[k] == -1:
+        return k, None  # Theano infers that entry from each rank's rows already
     return k, Rewrite(k, num, den, actual)
 
 

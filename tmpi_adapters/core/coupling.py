@@ -202,13 +202,14 @@ class CoupledStep:
         values = _rebuild([p.owner.inputs[0] for p in group], memo)
         kinds = [requests[p].kind for p in group]
         axes = [requests[p].axis or 0 for p in group]
+        described = [_describe(self.rows, requests[p]) for p in group]
         op = Couple(self.key, ["sum" if k == "same" else k for k in kinds], axes, depth,
-                    after=len(after), couple=self.session.couple)
+                    after=len(after), couple=self.session.couple, described=described)
         results = op(*(values + list(after)))
         results = results if isinstance(results, (list, tuple)) else [results]
         for p, result in zip(group, results):
             memo[p] = result
-        self.levels.append([_describe(self.rows, requests[p]) for p in group])
+        self.levels.append(described)
         return results
 
     def _exchange(self, final, requests, markers, memo, averaged=()):

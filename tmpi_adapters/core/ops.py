@@ -291,10 +291,12 @@ class Couple(Op):
 
     __props__ = ("key", "kinds", "axes", "level", "after")
 
-    def __init__(self, key, kinds, axes, level, after=0, couple=None):
+    def __init__(self, key, kinds, axes, level, after=0, couple=None, described=None):
         self.key, self.kinds, self.axes = key, tuple(kinds), tuple(axes)
         self.level, self.after = level, after
         self._couple = couple
+        #: each value's expression and script line, for messages
+        self.described = list(described or [])
 
     def do_constant_folding(self, node):
         return False
@@ -309,7 +311,7 @@ class Couple(Op):
         if self._couple is None:
             raise _unbound(self.key)
         results = self._couple(list(inputs[:len(self.kinds)]), self.kinds, self.axes,
-                               key=self.key)
+                               key=self.key, described=getattr(self, "described", None))
         for store, value, variable in zip(output_storage, results, node.outputs):
             store[0] = np.asarray(value, dtype=variable.dtype)
 

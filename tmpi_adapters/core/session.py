@@ -400,27 +400,34 @@ class Session:
             shares.append((last - first, last > first))
         return shares
 
-    def couple(self, values, kinds, axes, key=None):
+    def couple(self, values, kinds, axes, key=None, described=None):
         """What the in-graph :class:`~tmpi_adapters.core.ops.Couple` calls:
         ``values`` made whole across ranks in one collective (a gather of
         every rank's part, whose length every rank knows), combined alike on
         every rank in rank order: sums added, extrema taken, rows joined along
         ``axes``.  A rank whose rows do not count (a padding row, or every
-        rank but rank 0 where each runs the whole call) gives nothing."""
+        rank but rank 0 where each runs the whole call) gives nothing.
+        ``described``: each value's expression and script line, for messages."""
         begin = time.perf_counter()
         shares = self._shares()
         lo, hi = (getattr(self, "_rows_share", None) or (0, 1, 1, True))[:2]
         mine = max(hi - lo, 1)
         counts_me = shares[self.rank][1]
         parts, layouts = [], []
-        for value, kind, axis in zip(values, kinds, axes):
+        for k, (value, kind, axis) in enumerate(zip(values, kinds, axes)):
             value = np.asarray(value)
             if kind == "gather":
                 value = np.moveaxis(value, axis, 0)
                 per_row, remainder = divmod(value.shape[0], mine)
                 if remainder:
-                    raise TmpiError("%s: %d entries along the rows' axis for %d rows"
-                                    % (key, value.shape[0], mine))
+                    what = (described or [])[k:k + 1] or ["a value whose rows meet"]
+                    raise TmpiError(
+                        "%s: %s has %d entries along the batch's axis on rank %d, whose "
+                        "share is %d rows: it does not hold a whole number of entries per "
+                        "row, so the ranks' parts cannot be joined into the one-process "
+                        "value. Run with --scaling weak so that each rank takes whole "
+                        "batches."
+                        % (key, what[0], value.shape[0], self.rank, mine))
                 sizes = [per_row * rows if counts else 0 for rows, counts in shares]
             else:
                 sizes = [1 if counts else 0 for _, counts in shares]

@@ -194,3 +194,12 @@ def test_validation_errors_are_the_one_process_floats(ranks, floatx, c_code):
             assert got_nll == "nan", (key, got[key], line)
         else:
             assert_close([float(got_nll)], [float(nll)], 32 * np.finfo(floatx).eps)
+
+
+@pytest.mark.mpi
+def test_an_input_that_is_not_the_batch_is_whole_whatever_its_length():
+    script = SCRIPTS / "other_length_eval.py"
+    one = check(run([sys.executable, script], env=env())).stdout.splitlines()
+    assert len(one) == 4 and all(line.startswith("final f") for line in one)
+    three = check(tmpi("wrap", "-n", "3", "--framework", "theano", script, env=env()))
+    assert [line for line in three.stdout.splitlines() if line.startswith("final")] == one

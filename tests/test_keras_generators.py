@@ -43,7 +43,8 @@ def rank_numbers(stdout, rank, key):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_racy_generators_give_one_process_run(tmp_path, ranks):
     record = tmp_path / "batches.pkl"
-    fed = check(tmpi("wrap", "-n", str(ranks), "--all-ranks-output", GENERATORS,
+    fed = check(tmpi("wrap", "-n", str(ranks), "--all-ranks-output", "--stall-timeout", "2",
+                     GENERATORS,
                      "--record", record, "--cases", ",".join(REPLAYED + ("raising",)),
                      env=keras_env()))
     one = check(run([sys.executable, GENERATORS, "--replay", record], env=keras_env()))
@@ -62,7 +63,14 @@ def test_racy_generators_give_one_process_run(tmp_path, ranks):
     for rank in range(1, ranks):
         assert rank_numbers(fed.stdout, rank, "drawn") == [0]
         assert rank_numbers(fed.stdout, rank, "workers") == [0, 0]
-    # A generator that fails on rank 0 raises its error on every rank; all go on alike.
+    # Ranks waiting for a batch rank 0's generator is slow to draw are reported, rank 0
+    # named at its generator's line; the failure then raises on every rank, and all go on
+    # alike.
+    waiting = "rank 1" if ranks == 2 else "ranks 1-2"
+    assert re.search(r"tmpi: stall: %s waited \d+ s in batch 4 of fit_generator's batches "
+                     r"\(rank 0 draws it and hands it to every rank\); rank 0 has not reached "
+                     r"it\.\n(?:\[rank \d\] )?  rank 0: .* at keras_generators\.py:\d+ in failing: "
+                     r"time\.sleep\(SLOW\)" % waiting, fed.stderr), fed.stderr[-3000:]
     for rank in range(ranks):
         assert "[rank %d] final raising caught ValueError: no fourth batch" % rank in fed.stdout
         assert rank_numbers(fed.stdout, rank, "raising weights") == \

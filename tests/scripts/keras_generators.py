@@ -13,12 +13,13 @@ model in the same calls on exactly those batches, from plain generators
 (``workers=0``).  When recording it also prints how many batches this process's
 ``augmented`` generators made and the most worker threads and processes it had
 while a batch was taken.  The ``raising`` case (not replayed) trains from a
-generator that fails on its fourth batch, and catches the error.
+generator that takes 8 s and then fails on its fourth batch, and catches the error.
 """
 import argparse
 import multiprocessing
 import pickle
 import threading
+import time
 
 import numpy as np
 
@@ -33,6 +34,7 @@ CASES = ("threads", "processes", "inline", "raising")
 DRAWN = [0]            # batches made by augmented() in this process
 WORKERS = [0, 0]       # the most threads and child processes besides the start's
 ROWS, VAL_ROWS, BATCH, VAL_BATCH, EPOCHS = 46, 20, 10, 8, 2
+SLOW = 8  # seconds the raising case's generator takes before it fails
 
 
 def data(seed, rows):
@@ -106,6 +108,7 @@ def run(case, model, train, val):
         def failing():
             for number, batch in enumerate(augmented(x, y, BATCH)):
                 if number == 3:
+                    time.sleep(SLOW)  # the other ranks wait for it: a stall
                     raise ValueError("no fourth batch")
                 yield batch
         try:

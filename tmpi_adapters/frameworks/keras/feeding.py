@@ -244,15 +244,17 @@ class Feed:
             w for ws in self.waits.values() for w in ws]
         mean = sum(waits) / len(waits)
         step = sum(summary.get(p, 0.0) for p in ("compute_s", "comm_s", "wait_s", "data_s"))
-        text = ("batches drawn on rank 0 and handed to every rank: %d (%.1f MB), %.2f ms each "
+        text = ("batches drawn on rank 0 and handed to every rank: %d (%s), %.2f ms each "
                 "to hand out; rank 0 waited %.2f ms per batch for the generator" % (
-                    self.batches, self.bytes / 1e6, 1e3 * self.transfer_s / max(self.batches, 1),
-                    1e3 * mean))
+                    self.batches, _size(self.bytes),
+                    1e3 * self.transfer_s / max(self.batches, 1), 1e3 * mean))
         if step > 0 and mean > BOTTLENECK * step:
-            text += (" (%.0f%% of a step, every rank waiting with it): rank 0's generator is "
-                     "the bottleneck; give the loop more workers (workers=4 draws 4 batches "
-                     "at once), or run with --scaling weak so that each rank draws its own "
-                     "batches" % (100.0 * mean / step))
+            share = mean / step
+            text += (" (%s, every rank waiting with it): rank 0's generator is the "
+                     "bottleneck; give the loop more workers (workers=4 draws 4 batches at "
+                     "once), or run with --scaling weak so that each rank draws its own "
+                     "batches" % ("%.0f%% of a step" % (100 * share) if share < 2
+                                  else "%.0f times a step" % share))
         return text
 
     def close(self):
@@ -498,6 +500,10 @@ def _put_arrays(value, arrays):
     if type(value) is dict:
         return {k: _put_arrays(v, arrays) for k, v in value.items()}
     return value
+
+
+def _size(nbytes):
+    return "%.1f MB" % (nbytes / 1e6) if nbytes >= 1e5 else "%.1f kB" % (nbytes / 1e3)
 
 
 def _aligned(offset):

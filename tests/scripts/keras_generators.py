@@ -116,6 +116,9 @@ def run(case, model, train, val):
                                 verbose=0)
         except ValueError as error:
             print("final raising caught %s: %s" % (type(error).__name__, error))
+        # Shuffled on every rank: alike only if every rank took rank 0's generator
+        # (whose failing generator drew in the main thread) after the error.
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=True, verbose=0)
         fit = model.fit_generator(augmented(x, y, BATCH), steps_per_epoch=steps, epochs=1,
                                   workers=0, verbose=0)
         return fit, model.evaluate(xv, yv, verbose=0), model.predict(xv)

@@ -17,10 +17,11 @@ alone draws:
 Every rank then calls ``train_on_batch`` (``test_on_batch``,
 ``predict_on_batch``) with the same batch, and tmpi splits its rows as for
 any call: the N-rank run is one that a single process could have made,
-whatever the generator's threads did.  When the outermost loop ends, every
-rank takes rank 0's numpy and ``random`` generators (its workers drew from
-them; rank 0 first lets the draws its workers had started finish), so that
-the script goes on alike on every rank.  With ``--scaling weak`` each rank
+whatever the generator's threads did.  When the outermost loop ends, also by
+an error of rank 0's generator (which every rank raises), every rank takes
+rank 0's numpy and ``random`` generators (its workers drew from them; rank 0
+first lets the draws its workers had started finish), so that the script goes
+on alike on every rank.  With ``--scaling weak`` each rank
 keeps its own generator (:mod:`.sharding`).
 
 How a batch travels: on a communicator of their own, two broadcasts from
@@ -82,6 +83,9 @@ class Feed:
         self._labels = {}
         self._depth = 0
         self._shared = 0
+        #: the error the latest batch raised on every rank (rank 0's generator's,
+        #: or its end), or ``None``
+        self.agreed = None
         #: rank 0: per stream, the seconds each batch kept it waiting for the generator
         self.waits = {}
         self.batches = 0
@@ -107,12 +111,15 @@ class Feed:
             self.comm = comm
         self._depth += 1
 
-    def end(self, finished):
-        """A fed Keras loop ended (``finished``: without an error)."""
+    def end(self, error=None):
+        """A fed Keras loop ended, with ``error`` if it raised one.  Every rank
+        takes rank 0's random generators unless the error is this rank's own
+        (the ranks may then be anywhere)."""
         self._depth -= 1
         if self._depth == 0:
             self._labels.clear()
-            if finished:
+            agreed, self.agreed = self.agreed, None
+            if error is None or error is agreed:
                 self.share_random_state()
 
     def source(self, data, label, workers):
@@ -149,11 +156,13 @@ class Feed:
         start = time.perf_counter()
         try:
             item = next(stream.source)
-        except StopIteration:
+        except StopIteration as end:
             self._send(END, stream, None)
+            self.agreed = end
             raise
         except Exception as error:
             self._send(ERROR, stream, _pickled_error(error))
+            self.agreed = error
             raise
         self.waits.setdefault(stream.label, []).append(time.perf_counter() - start)
         self._send(BATCH, stream, item)
@@ -191,9 +200,11 @@ class Feed:
         if (label, count) != (stream.label, stream.count):
             raise LockstepError(_mismatch(self.session.rank, stream, label, count))
         if kind == END:
-            raise StopIteration
+            self.agreed = StopIteration()
+            raise self.agreed
         if kind == ERROR:
-            raise _raised_on_root(skeleton)
+            self.agreed = _raised_on_root(skeleton)
+            raise self.agreed
         start = _aligned(length)
         arrays = []
         for at, dtype, shape in layout:
@@ -315,10 +326,10 @@ def fed_loop(feed, function, name):
             if name == "fit_generator" and _is_generator(validation):
                 arguments["validation_data"] = feed.source(validation, VALIDATION, workers)
             result = function(*bound.args, **bound.kwargs)
-        except BaseException:
-            feed.end(False)
+        except BaseException as error:
+            feed.end(error)
             raise
-        feed.end(True)
+        feed.end()
         return result
     return fed
 
@@ -363,8 +374,10 @@ def _root_enqueuer(feed, cls):
             make = self.executor_fn
 
             def made(shared):
+                # An epoch's pool is done when the next is made (the queue was
+                # emptied first): only the latest may have draws running.
                 pool = make(shared)
-                self._tmpi_pools.append(pool)
+                self._tmpi_pools[:] = [pool]
                 return pool
             self.executor_fn = made
             return super()._run()

@@ -308,10 +308,6 @@ def _arange(n):
     return _subclass(ARange)("int64")(0, n.h.shape[0], 1)
 
 
-_NAMED_BY_CLASS_NAME = ("a rule looked up by the class's own name (rows.py, rowrules.py: "
-                        "name_of(op) or type(op).__name__ compared with %r), not along its "
-                        "class hierarchy: the subclass is MIXED")
-
 #: (name, the subclass's node, the mark its base gives)
 SUBCLASSES = [
     case("ViewOp (an identity)", _view, 0),
@@ -320,9 +316,9 @@ SUBCLASSES = [
     case("Dot, rows contracted", _dot_partial, SUM),
     case("MaxAndArgmax over rows", _max, MAX),
     case("Subtensor of a feature", _subtensor, 0),
-    case("Shape_i of the rows", _shape_i, SHAPE, xfail=_NAMED_BY_CLASS_NAME % "Shape_i"),
-    case("Shape", _shape, SHAPE, xfail=_NAMED_BY_CLASS_NAME % "Shape"),
-    case("ARange of the rows", _arange, 0, xfail=_NAMED_BY_CLASS_NAME % "ARange"),
+    case("Shape_i of the rows", _shape_i, SHAPE),
+    case("Shape", _shape, SHAPE),
+    case("ARange of the rows", _arange, 0),
 ]
 
 
@@ -443,10 +439,6 @@ def _embeddings():
                 marks=[(scores, 0), (pulled, 0), (own, 0)])
 
 
-_EMBEDDINGS_SPLIT = ("class embeddings met only through h.dot(E.T) keep axis 0 (split as if "
-                     "they held the batch: family 1 of issue 46). %s")
-
-
 def _embeddings_scored_only():
     import theano.tensor as T
     x, y, W, values = _classifier()
@@ -498,14 +490,8 @@ LAYOUTS = [
     case("reference of 7 rows", _reference(7)),
     case("reference in the cost only", _reference_in_the_cost_only),
     case("class embeddings scored and indexed", _embeddings),
-    case("class embeddings in a cross-entropy", _embeddings_scored_only,
-         xfail=_EMBEDDINGS_SPLIT % (
-             "CrossentropyCategorical1Hot is not among sizes._REDUCING, so E's axis, which it "
-             "reduces, is 'unread' and stays split")),
-    case("class embeddings' scores returned", _embeddings_scores_returned,
-         xfail=_EMBEDDINGS_SPLIT % (
-             "Layout._output_rows takes every candidate axis of an output as rows: the "
-             "scores' axis 1 (E's axis 0) too")),
+    case("class embeddings in a cross-entropy", _embeddings_scored_only),
+    case("class embeddings' scores returned", _embeddings_scores_returned),
     case("images reshaped to (10, 1, 8, 8)", _image),
     case("a sum over all elements", _no_proof(lambda T, x, z: T.sum(x) + T.sum(z))),
     case("a product of flattened inputs", _no_proof(lambda T, x, z: T.dot(x.flatten(),

@@ -41,9 +41,14 @@ DECLARE_BATCH = {"AbstractConv2d", "AbstractConv3d", "AbstractConv2d_gradWeights
 BATCH_NORMS = {"AbstractBatchNormTrain", "AbstractBatchNormTrainGrad",
                "AbstractBatchNormInference"}
 
+#: Ops that read sizes: a value's shape, one of its lengths, positions 0..n.
+SIZES = {"Shape", "Shape_i", "ARange"}
+#: Ops the rules read by their own name (a subclass is read as its base).
+NAMED = {"Subtensor", "Elemwise", "Reshape", "Alloc", "Join", "IfElse", "Scan"}
+
 #: Every name some table holds.
 KNOWN = frozenset().union(ROW_OPS, IDENTITIES, CONVS, CONV_GRAD_INPUTS, CONV_GRAD_WEIGHTS,
-                          DECLARE_BATCH, BATCH_NORMS)
+                          DECLARE_BATCH, BATCH_NORMS, SIZES, NAMED)
 
 _names = {}
 

@@ -353,12 +353,15 @@ class Layout:
         return found
 
     def _output_rows(self, outputs):
-        """Classes of candidate axes that the outputs keep (per-row outputs)."""
+        """Classes of candidate axes that the outputs keep (per-row outputs):
+        of each output, its first such axis (scores of shape (rows, classes)
+        keep the rows, whatever input the classes' axis came from)."""
         candidates, found = self._candidates(), set()
         for variable in outputs:
             for size in self.sizes.get(variable, ()):
                 if isinstance(size, tuple) and self._find(size) in candidates:
                     found.add(self._find(size))
+                    break
         return found
 
     def _only_a_table(self, variable):

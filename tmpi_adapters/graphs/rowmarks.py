@@ -219,7 +219,7 @@ def _shape_entry(rows, node):
     while vector.owner is not None and isinstance(vector.owner.op, Elemwise) and \
             isinstance(vector.owner.op.scalar_op, (scalar.Cast, scalar.Identity)):
         vector = vector.owner.inputs[0]
-    if vector.owner is None or type(vector.owner.op).__name__ != "Shape":
+    if vector.owner is None or name_of(vector.owner.op) != "Shape":
         return None
     source = vector.owner.inputs[0]
     axis = rows(source)
@@ -261,7 +261,7 @@ def _counts_rows(rows, length):
         node = getattr(length, "owner", None)
         if node is None:
             return False
-        name = type(node.op).__name__
+        name = name_of(node.op)
         if name == "Shape_i":
             return rows(node.inputs[0]) == node.op.i
         if name == "Subtensor":

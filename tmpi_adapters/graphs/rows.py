@@ -58,7 +58,7 @@ function's shapes on the first split call (:mod:`.fixedbatch`), handed in as
 from tmpi_adapters.graphs.rowmarks import (  # noqa: F401 - the marks, read with the analysis
     DRAW, MAX, MIN, MIXED, NOISE_WINDOW, PARTIAL, REPL, ROWS_WINDOW, SAME, SHAPE, SUM,
     Coupling, Refusal, Request, _constant, _counts_rows, _keeps_rank_rows, _like, _made_at,
-    _shape_entry, _Strict, _what, is_pending, pending_op)
+    _shape_entry, _Strict, _what, is_pending, name_of, pending_op)
 from tmpi_adapters.graphs.rowrules import RowRules
 
 
@@ -304,7 +304,7 @@ class Rows(RowRules):
             return self.local(variable)
         if not self.convert:
             raise _Strict()
-        name = type(node.op).__name__
+        name = name_of(node.op)
         T = self.T
         if name in ("Shape", "Shape_i"):
             source = node.inputs[0]
@@ -342,7 +342,7 @@ class Rows(RowRules):
     def _shape(self, node, ins):
         source = ins[0]
         if isinstance(source, int):
-            if type(node.op).__name__ == "Shape_i" and node.op.i != source:
+            if name_of(node.op) == "Shape_i" and node.op.i != source:
                 return [SAME], [self.local(node.inputs[0]).shape[node.op.i]
                                 if node.inputs[0] in self.forms else None]
             return [SHAPE], self._apply(node, [self.local(node.inputs[0])])
@@ -356,7 +356,7 @@ class Rows(RowRules):
         uniform along the rows (``ones_like(x)``, ``zeros((n, d))``), the
         rows' positions (``arange(n)``), or anything else rebuilt whole.  Such
         rows are made whole without a collective: rebuilt from the global sizes."""
-        name = type(node.op).__name__
+        name = name_of(node.op)
         inputs = [self.local(v) for v in node.inputs]
         if name == "Subtensor" and _keeps_rank_rows(self, node):
             return [0], self._apply(node, inputs)

@@ -77,7 +77,7 @@ def node_sizes(layout, node):
                 layout.union(x, y)
             out.append(tuple(a))
         return out
-    if type(op).__name__ == "ARange":
+    if name_of(op) == "ARange":
         start, stop, step = node.inputs
         if _constant(start) == 0 and _constant(step) == 1:
             return [(layout.resolve(stop),)]
@@ -91,7 +91,9 @@ _REDUCING = {"CAReduce", "Sum", "Prod", "Max", "Min", "MaxAndArgmax", "Argmax", 
              "AdvancedSubtensor", "AdvancedSubtensor1",
              "Dot22", "Dot22Scalar", "Gemm", "Gemv", "Ger", "BatchedDot", "Shape", "Shape_i",
              "AbstractConv2d_gradWeights", "AbstractConv3d_gradWeights",
-             "AbstractConv_gradWeights", "CorrMM_gradWeights"}
+             "AbstractConv_gradWeights", "CorrMM_gradWeights",
+             # a row's label picks its class's entry: the classes' axis is read
+             "CrossentropyCategorical1Hot", "CrossentropySoftmaxArgmax1HotWithBias"}
 
 
 def reduces_axes(layout, node):
@@ -120,7 +122,7 @@ def _advanced_sizes(layout, node, ins):
         else:
             vectors.append(size[0])
             owner = index.owner
-            if owner is not None and type(owner.op).__name__ == "ARange" and \
+            if owner is not None and name_of(owner.op) == "ARange" and \
                     _constant(owner.inputs[0]) == 0 and _constant(owner.inputs[2]) == 1 \
                     and axis < len(value):
                 vectors.append(value[axis])

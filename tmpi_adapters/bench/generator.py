@@ -10,7 +10,8 @@ slicing the arrays).  A step's time is its whole time in the record, the time
 between steps included (where a batch is drawn, and where it travels); a round's
 figure is the ratio of the two jobs' median steps, the part's the median over
 rounds (the bar: within 3%).  It also reads, from the end-of-run line, how long handing a
-batch out took rank 0 and how long rank 0 waited for its generator.
+batch out took rank 0, how long rank 0 waited for its generator, and the
+share of batches whose broadcast ran during the step before.
 """
 import os
 import re
@@ -22,7 +23,8 @@ VARIANTS = ("memory", "generator")
 #: Steps of each job left out of the figures (the first calls settle).
 WARMUP = 3
 #: What the end-of-run line says of the batches rank 0 handed out.
-_NOTE = re.compile(r"([\d.]+) ms each to hand out; rank 0 waited ([\d.]+) ms per batch")
+_NOTE = re.compile(r"every rank: (\d+) \(.*?; (\d+) sent during the step before\), "
+                   r"([\d.]+) ms each to hand out; rank 0 waited ([\d.]+) ms per batch")
 
 
 def script():
@@ -40,7 +42,7 @@ def measure(workdir, ranks, steps, rounds, batch_size, tick=lambda text: None):
     """Generator-fed over in-memory step of the conv net on ``ranks`` ranks,
     ``batch_size`` rows per step."""
     medians = {v: [] for v in VARIANTS}
-    hand_out, waited = [], []
+    hand_out, waited, ahead = [], [], []
     for r, variant in interleaved(rounds, VARIANTS):
         record = os.path.join(workdir, "generator-%s-%d.jsonl" % (variant, r))
         stdout = run(command(ranks, variant, steps, batch_size, record),
@@ -51,8 +53,9 @@ def measure(workdir, ranks, steps, rounds, batch_size, tick=lambda text: None):
         if variant == "generator":
             note = _NOTE.search(stdout)
             if note:
-                hand_out.append(float(note.group(1)) / 1e3)
-                waited.append(float(note.group(2)) / 1e3)
+                ahead.append(int(note.group(2)) / max(int(note.group(1)), 1))
+                hand_out.append(float(note.group(3)) / 1e3)
+                waited.append(float(note.group(4)) / 1e3)
         tick("generator: %s" % variant)
     ratio, extent = paired_ratio(medians["generator"], medians["memory"])
     return {"ranks": ranks, "steps": steps, "rounds": rounds, "batch_size": batch_size,
@@ -60,4 +63,5 @@ def measure(workdir, ranks, steps, rounds, batch_size, tick=lambda text: None):
             "round_medians_s": medians, "generator_over_memory": ratio,
             "generator_over_memory_range": extent,
             "hand_out_s_per_batch": statistics.median(hand_out) if hand_out else None,
+            "sent_during_the_step_before": statistics.median(ahead) if ahead else None,
             "rank0_wait_s_per_batch": statistics.median(waited) if waited else None}

@@ -24,16 +24,21 @@ first lets the draws its workers had started finish), so that the script goes
 on alike on every rank.  With ``--scaling weak`` each rank
 keeps its own generator (:mod:`.sharding`).
 
-How a batch travels: on a communicator of their own, two broadcasts from
-rank 0 per batch, a header of four integers (a batch, the generator's end,
-its error, or rank 0's random generators; the bytes that follow) and one
-buffer: a small pickle of the batch's structure (tuples, lists, dicts,
-``None``), the stream's name and the batch's number, then every array's
-bytes at 64-byte boundaries (arrays are never pickled; the other ranks'
-arrays are views of the buffer).  Each rank checks that the batch is the
-one it pulls (the same stream, the same number): ranks that run other loops
-stop with a :class:`~tmpi_adapters.errors.LockstepError` naming both, and a
-rank that waits too long for rank 0 is reported like any stall.
+How a batch travels: on a communicator of their own, a header from rank 0 of
+four integers (a batch, the generator's end, its error, or rank 0's random
+generators; the bytes that follow; the bytes of the next batch, when it is
+drawn ahead; the batch's number), then one buffer: a small pickle of the
+batch's structure (tuples, lists, dicts, ``None``), the stream's name and the
+batch's number, then every array's bytes at 64-byte boundaries (arrays are
+never pickled; the other ranks' arrays are views of the buffer).  When Keras'
+enqueuer already has the next batch ready, rank 0 takes it at once and its
+broadcast runs while the ranks train on this one (MPI moves it whenever the
+step's exchange waits); its header then only says that it has arrived.  A
+batch drawn ahead that no loop takes is dropped when the loop ends, as
+Keras' enqueuer drops its queue.  Each rank checks that the batch is the one
+it pulls (the same stream, the same number): ranks that run other loops stop
+with a :class:`~tmpi_adapters.errors.LockstepError` naming both, and a rank
+that waits too long for rank 0 is reported like any stall.
 """
 import functools
 import inspect
@@ -83,6 +88,8 @@ class Feed:
         self._labels = {}
         self._depth = 0
         self._shared = 0
+        #: streams with a batch drawn ahead whose broadcast is running
+        self._pending = []
         #: the error the latest batch raised on every rank (rank 0's generator's,
         #: or its end), or ``None``
         self.agreed = None
@@ -91,6 +98,8 @@ class Feed:
         self.batches = 0
         self.bytes = 0
         self.transfer_s = 0.0
+        #: rank 0: batches whose broadcast ran during the step before
+        self.ahead = 0
 
     def active(self):
         """True when rank 0 draws for every rank: strong scaling on more than one rank."""
@@ -120,6 +129,7 @@ class Feed:
             self._labels.clear()
             agreed, self.agreed = self.agreed, None
             if error is None or error is agreed:
+                self._flush()
                 self.share_random_state()
 
     def source(self, data, label, workers):
@@ -144,89 +154,142 @@ class Feed:
         return data.label if isinstance(data, FedStream) else self._labels.get(
             id(data), "a generator")
 
-    def stream(self, data, source=None):
-        """The stream Keras pulls ``data``'s batches from on this rank."""
+    def stream(self, data, source=None, ready=None):
+        """The stream Keras pulls ``data``'s batches from on this rank (on rank
+        0 drawn from ``source``, ahead when ``ready()`` says a batch is)."""
         if isinstance(data, FedStream):
             return data
-        return FedStream(self, self.label(data), source if self.root else None)
+        if not self.root:
+            return FedStream(self, self.label(data))
+        return FedStream(self, self.label(data), source, ready)
 
     # -- rank 0 -----------------------------------------------------------------------
     def draw(self, stream):
-        """Rank 0: the next batch of ``stream``'s source, handed to every rank."""
-        start = time.perf_counter()
-        try:
-            item = next(stream.source)
-        except StopIteration as end:
-            self._send(END, stream, None)
-            self.agreed = end
-            raise
-        except Exception as error:
-            self._send(ERROR, stream, _pickled_error(error))
-            self.agreed = error
-            raise
-        self.waits.setdefault(stream.label, []).append(time.perf_counter() - start)
-        self._send(BATCH, stream, item)
+        """Rank 0: the next batch of ``stream``'s source, handed to every rank.
+
+        A batch drawn ahead (:meth:`_ahead`) is on its way already; the batch
+        after this one is drawn ahead when the enqueuer has it ready, and its
+        broadcast left running while the ranks train on this one.
+        """
+        held, stream.held = stream.held, None
+        if held is None:
+            start = time.perf_counter()
+            item = self._next(stream)
+            self.waits.setdefault(stream.label, []).append(time.perf_counter() - start)
+            buffer = _pack(stream.label, stream.count, item)
+        else:
+            item, buffer, request = held
+        following = self._ahead(stream)
+        begin = time.perf_counter()
+        header = np.array([BATCH, 0 if held else buffer.size,
+                           0 if following is None else following[1].size, stream.count],
+                          dtype=np.int64)
+        self._bcast(header, stream)
+        if held is None:
+            self._bcast(buffer, stream)
+        else:
+            self._wait(request, stream)
+        if following is not None:
+            stream.held = following + (self.comm.Ibcast(following[1], root=0),)
+            self._pending.append(stream)
+            self.ahead += 1
+        self._count(buffer, begin)
         return item
 
-    def _send(self, kind, stream, item):
-        skeleton, arrays = item, []
-        if kind == BATCH:
-            skeleton = _take_arrays(item, arrays)
-        arrays = [np.ascontiguousarray(a) for a in arrays]
-        layout, offset = [], 0
-        for array in arrays:
-            offset = _aligned(offset)
-            layout.append((offset, array.dtype.str, array.shape))
-            offset += array.nbytes
-        meta = pickle.dumps((stream.label, stream.count, skeleton, layout), protocol=4)
-        start = _aligned(len(meta))
-        buffer = np.empty(start + offset, dtype=np.uint8)
-        buffer[:len(meta)] = np.frombuffer(meta, dtype=np.uint8)
-        for (at, _, _), array in zip(layout, arrays):
-            if array.nbytes:
-                buffer[start + at:start + at + array.nbytes] = array.reshape(-1).view(np.uint8)
-        header = np.array([kind, len(meta), buffer.size, stream.count], dtype=np.int64)
-        self._broadcast(header, buffer, stream)
+    def _next(self, stream):
+        """The source's next batch; its end or error is told to every rank and raised."""
+        error, stream.deferred = stream.deferred, None
+        if error is None:
+            try:
+                return next(stream.source)
+            except (StopIteration, Exception) as raised:
+                error = raised
+        if isinstance(error, StopIteration):
+            self._tell(END, stream, None)
+        else:
+            self._tell(ERROR, stream, _pickled_error(error))
+        self.agreed = error
+        raise error
+
+    def _ahead(self, stream):
+        """``(item, buffer)`` of the batch after this one when the enqueuer has
+        it ready (drawing it then waits for nothing), else ``None``.  Its end
+        or error is kept for the next pull, where one process would meet it."""
+        if stream.ready is None or stream.deferred is not None or not stream.ready():
+            return None
+        try:
+            item = next(stream.source)
+        except (StopIteration, Exception) as error:
+            stream.deferred = error
+            return None
+        return item, _pack(stream.label, stream.count + 1, item)
+
+    def _tell(self, kind, stream, value):
+        """Rank 0: a message that is not a batch (the end, an error, a state)."""
+        buffer = _pack(stream.label, stream.count, value, kind == BATCH)
+        self._bcast(np.array([kind, buffer.size, 0, stream.count], dtype=np.int64), stream)
+        self._bcast(buffer, stream)
 
     # -- every other rank ---------------------------------------------------------------------
     def receive(self, stream):
         """Rank 0's next batch of ``stream``."""
         header = np.zeros(4, dtype=np.int64)
-        self._broadcast(header, None, stream)
-        kind, length = int(header[0]), int(header[1])
-        buffer = np.empty(int(header[2]), dtype=np.uint8)
-        self._broadcast(None, buffer, stream)
-        label, count, skeleton, layout = pickle.loads(buffer[:length].tobytes())
+        begin = time.perf_counter()
+        self._bcast(header, stream)
+        kind, size, following = int(header[0]), int(header[1]), int(header[2])
+        held, stream.held = stream.held, None
+        if size == 0:
+            if held is None:
+                raise TmpiError("rank 0 says batch %d of %s is on its way, but this rank "
+                                "expects none; this is a bug in tmpi: please report it."
+                                % (stream.count, stream.label))
+            buffer, request = held
+            self._wait(request, stream)
+        else:
+            buffer = np.empty(size, dtype=np.uint8)
+            self._bcast(buffer, stream)
+        if following:
+            ahead = np.empty(following, dtype=np.uint8)
+            stream.held = (ahead, self.comm.Ibcast(ahead, root=0))
+            self._pending.append(stream)
+        label, count, value = _unpack(buffer)
         if (label, count) != (stream.label, stream.count):
             raise LockstepError(_mismatch(self.session.rank, stream, label, count))
         if kind == END:
             self.agreed = StopIteration()
             raise self.agreed
         if kind == ERROR:
-            self.agreed = _raised_on_root(skeleton)
+            self.agreed = _raised_on_root(value)
             raise self.agreed
-        start = _aligned(length)
-        arrays = []
-        for at, dtype, shape in layout:
-            dtype = np.dtype(dtype)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            arrays.append(buffer[start + at:start + at + nbytes].view(dtype).reshape(shape))
-        return _put_arrays(skeleton, arrays)
+        if kind == BATCH:
+            self._count(buffer, begin)
+        return value
 
     # -- both ---------------------------------------------------------------------------
-    def _broadcast(self, header, buffer, stream):
-        """Rank 0's ``header`` then ``buffer`` on every rank (``None``: not this time)."""
-        what = "batch %d of %s (rank 0 draws it and hands it to every rank)" % (
+    def _what(self, stream):
+        return "batch %d of %s (rank 0 draws it and hands it to every rank)" % (
             stream.count, stream.label)
-        begin = time.perf_counter()
-        wait = self.session.exchanger.wait_for
-        for part in (header, buffer):
-            if part is not None and (part.size or part is header):
-                wait(self.comm.Ibcast(part, root=0).Test, what)
-        if buffer is not None and stream.label != _STATE_LABEL:
-            self.transfer_s += time.perf_counter() - begin
-            self.bytes += buffer.size
-            self.batches += 1
+
+    def _bcast(self, part, stream):
+        """Rank 0's ``part`` on every rank."""
+        self._wait(self.comm.Ibcast(part, root=0), stream)
+
+    def _wait(self, request, stream):
+        self.session.exchanger.wait_for(request.Test, lambda: self._what(stream))
+
+    def _count(self, buffer, begin):
+        self.transfer_s += time.perf_counter() - begin
+        self.bytes += buffer.size
+        self.batches += 1
+
+    def _flush(self):
+        """Complete the broadcasts of batches drawn ahead that no loop took."""
+        pending, self._pending = self._pending, []
+        for stream in pending:
+            held, stream.held = stream.held, None
+            if held is not None:
+                self._wait(held[-1], stream)
+            stream.deferred = None
 
     def share_random_state(self):
         """Every rank takes rank 0's numpy and ``random`` generators."""
@@ -234,13 +297,13 @@ class Feed:
         stream = FedStream(self, _STATE_LABEL)
         stream.count = self._shared
         if self.root:
-            self._send(STATE, stream, (np.random.get_state(), random.getstate()))
+            self._tell(STATE, stream, (np.random.get_state(), random.getstate()))
             return
         header = np.zeros(4, dtype=np.int64)
-        self._broadcast(header, None, stream)
-        buffer = np.empty(int(header[2]), dtype=np.uint8)
-        self._broadcast(None, buffer, stream)
-        label, count, state, _ = pickle.loads(buffer[:int(header[1])].tobytes())
+        self._bcast(header, stream)
+        buffer = np.empty(int(header[1]), dtype=np.uint8)
+        self._bcast(buffer, stream)
+        label, count, state = _unpack(buffer)
         if (label, count) != (stream.label, stream.count):
             raise LockstepError(_mismatch(self.session.rank, stream, label, count))
         np.random.set_state(state[0])
@@ -255,10 +318,11 @@ class Feed:
             w for ws in self.waits.values() for w in ws]
         mean = sum(waits) / len(waits)
         step = sum(summary.get(p, 0.0) for p in ("compute_s", "comm_s", "wait_s", "data_s"))
-        text = ("batches drawn on rank 0 and handed to every rank: %d (%s), %.2f ms each "
-                "to hand out; rank 0 waited %.2f ms per batch for the generator" % (
-                    self.batches, _size(self.bytes),
-                    1e3 * self.transfer_s / max(self.batches, 1), 1e3 * mean))
+        text = ("batches drawn on rank 0 and handed to every rank: %d (%s; %d sent during "
+                "the step before), %.2f ms each to hand out; rank 0 waited %.2f ms per batch "
+                "for the generator" % (self.batches, _size(self.bytes), self.ahead,
+                                       1e3 * self.transfer_s / max(self.batches, 1),
+                                       1e3 * mean))
         if step > 0 and mean > BOTTLENECK * step:
             share = mean / step
             text += (" (%s, every rank waiting with it): rank 0's generator is the "
@@ -279,12 +343,18 @@ class FedStream:
 
     On rank 0, ``source`` (the enqueuer's output, or the script's generator)
     drawn and each batch handed to every rank; elsewhere rank 0's batches.
-    ``label`` names the stream; ``count`` is the number of the latest batch.
+    ``label`` names the stream; ``count`` is the number of the latest batch;
+    ``ready()``, where given, says that ``source`` has a batch ready.
     """
 
-    def __init__(self, feed, label, source=None):
-        self.feed, self.label, self.source = feed, label, source
+    def __init__(self, feed, label, source=None, ready=None):
+        self.feed, self.label, self.source, self.ready = feed, label, source, ready
         self.count = 0
+        #: the next batch, drawn ahead: on rank 0 ``(item, buffer, request)``,
+        #: elsewhere ``(buffer, request)``
+        self.held = None
+        #: rank 0: the end or error met drawing ahead, raised at the next pull
+        self.deferred = None
 
     def __iter__(self):
         return self
@@ -383,7 +453,16 @@ def _root_enqueuer(feed, cls):
             return super()._run()
 
         def get(self):
-            return feed.stream(self.sequence, super().get())
+            return feed.stream(self.sequence, super().get(), self._tmpi_ready)
+
+        def _tmpi_ready(self):
+            """True when the next batch is drawn (its future has its result)."""
+            queue = self.queue
+            if queue is None or not self.is_running():
+                return False
+            with queue.mutex:
+                first = queue.queue[0] if queue.queue else None
+            return first is not None and first.ready()
 
         def stop(self, timeout=None):
             super().stop(timeout)
@@ -513,6 +592,43 @@ def _put_arrays(value, arrays):
     if type(value) is dict:
         return {k: _put_arrays(v, arrays) for k, v in value.items()}
     return value
+
+
+def _pack(label, count, value, batch=True):
+    """One message: ``int64`` length of the pickle, the pickle of ``(label,
+    count, structure, layout)``, then the arrays' bytes at :data:`_ALIGN`
+    boundaries (``batch``: ``value``'s arrays travel as bytes, not pickled)."""
+    arrays = []
+    skeleton = _take_arrays(value, arrays) if batch else value
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    layout, offset = [], 0
+    for array in arrays:
+        offset = _aligned(offset)
+        layout.append((offset, array.dtype.str, array.shape))
+        offset += array.nbytes
+    meta = pickle.dumps((label, count, skeleton, layout), protocol=4)
+    start = _aligned(8 + len(meta))
+    buffer = np.empty(start + offset, dtype=np.uint8)
+    buffer[:8] = np.frombuffer(np.int64(len(meta)).tobytes(), dtype=np.uint8)
+    buffer[8:8 + len(meta)] = np.frombuffer(meta, dtype=np.uint8)
+    for (at, _, _), array in zip(layout, arrays):
+        if array.nbytes:
+            buffer[start + at:start + at + array.nbytes] = array.reshape(-1).view(np.uint8)
+    return buffer
+
+
+def _unpack(buffer):
+    """``(label, count, value)`` of a :func:`_pack` message; the arrays are
+    views of ``buffer``."""
+    length = int(np.frombuffer(buffer[:8].tobytes(), dtype=np.int64)[0])
+    label, count, skeleton, layout = pickle.loads(buffer[8:8 + length].tobytes())
+    start = _aligned(8 + length)
+    arrays = []
+    for at, dtype, shape in layout:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        arrays.append(buffer[start + at:start + at + nbytes].view(dtype).reshape(shape))
+    return label, count, _put_arrays(skeleton, arrays)
 
 
 def _size(nbytes):

@@ -179,6 +179,7 @@ class Feed:
             buffer = _pack(stream.label, stream.count, item)
         else:
             item, buffer, request = held
+            self.waits.setdefault(stream.label, []).append(0.0)  # drawn before it was pulled
         following = self._ahead(stream)
         begin = time.perf_counter()
         header = np.array([BATCH, 0 if held else buffer.size,

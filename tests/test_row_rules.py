@@ -235,6 +235,19 @@ def test_a_coupling_names_what_meets_and_where():
         assert coupling.where == "test_row_rules.py:%d" % line
 
 
+def test_an_op_without_a_rule_is_gathered_and_named():
+    import theano.tensor as T
+    n = Net()
+    products = T.extra_ops.cumprod(n.h + 1.0, axis=1)    # no rule reads CumOp
+    line = products.tag.trace[-1][-1][1]
+    rows = read([n.x], [products], [n.cost], convert=True)
+    assert rows(products) == REPL
+    [coupling] = rows.couplings
+    assert coupling.kind == "gather"
+    assert "CumOp" in coupling.what and "an op tmpi has no rule for" in coupling.what
+    assert coupling.where == "test_row_rules.py:%d" % line
+
+
 def test_a_draw_shaped_like_the_rows_is_drawn_again_for_the_whole_batch():
     # Drawn from the rows' shape, not for the whole batch (no NOISE_WINDOW): a
     # DRAW strictly, and what it meets is MIXED.  Converting, every rank draws

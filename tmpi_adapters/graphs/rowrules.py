@@ -53,7 +53,8 @@ class RowRules:
             return self._row_op(node, ins)
         if name in CONV_GRAD_WEIGHTS:
             return self._conv_weights(node, ins)
-        return self._whole_inputs(node, ins)
+        # No rule: exact, the op run on the whole batch, and named.
+        return self._whole_inputs(node, ins, "%s, an op tmpi has no rule for" % op)
 
     # Elementwise ------------------------------------------------------------------------
     def _elemwise(self, node, ins):

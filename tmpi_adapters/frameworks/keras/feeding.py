@@ -25,12 +25,13 @@ on alike on every rank.  With ``--scaling weak`` each rank
 keeps its own generator (:mod:`.sharding`).
 
 How a batch travels: on a communicator of their own, a header from rank 0 of
-four integers (a batch, the generator's end, its error, or rank 0's random
+five integers (a batch, the generator's end, its error, or rank 0's random
 generators; the bytes that follow; the bytes of the next batch, when it is
-drawn ahead; the batch's number), then one buffer: a small pickle of the
-batch's structure (tuples, lists, dicts, ``None``), the stream's name and the
-batch's number, then every array's bytes at 64-byte boundaries (arrays are
-never pickled; the other ranks' arrays are views of the buffer).  When Keras'
+drawn ahead; the batch's number; a checksum of the stream's name), then one
+buffer: a small pickle of the batch's structure (tuples, lists, dicts,
+``None``), the stream's name and the batch's number, then every array's bytes
+at 64-byte boundaries (arrays are never pickled; the other ranks' arrays are
+views of the buffer).  When Keras'
 enqueuer already has the next batch ready, rank 0 takes it at once and its
 broadcast runs while the ranks train on this one (MPI moves it whenever the
 step's exchange waits); its header then only says that it has arrived.  A
@@ -46,6 +47,7 @@ import pickle
 import random
 import threading
 import time
+import zlib
 
 import numpy as np
 
@@ -182,9 +184,8 @@ class Feed:
             self.waits.setdefault(stream.label, []).append(0.0)  # drawn before it was pulled
         following = self._ahead(stream)
         begin = time.perf_counter()
-        header = np.array([BATCH, 0 if held else buffer.size,
-                           0 if following is None else following[1].size, stream.count],
-                          dtype=np.int64)
+        header = _header(BATCH, 0 if held else buffer.size,
+                         0 if following is None else following[1].size, stream)
         self._bcast(header, stream)
         if held is None:
             self._bcast(buffer, stream)
@@ -228,16 +229,18 @@ class Feed:
     def _tell(self, kind, stream, value):
         """Rank 0: a message that is not a batch (the end, an error, a state)."""
         buffer = _pack(stream.label, stream.count, value, kind == BATCH)
-        self._bcast(np.array([kind, buffer.size, 0, stream.count], dtype=np.int64), stream)
+        self._bcast(_header(kind, buffer.size, 0, stream), stream)
         self._bcast(buffer, stream)
 
     # -- every other rank ---------------------------------------------------------------------
     def receive(self, stream):
         """Rank 0's next batch of ``stream``."""
-        header = np.zeros(4, dtype=np.int64)
+        header = np.zeros(5, dtype=np.int64)
         begin = time.perf_counter()
         self._bcast(header, stream)
         kind, size, following = int(header[0]), int(header[1]), int(header[2])
+        if (int(header[3]), int(header[4])) != (stream.count, _crc(stream.label)):
+            raise LockstepError(_mismatch(self.session.rank, stream, None, int(header[3])))
         held, stream.held = stream.held, None
         if size == 0:
             if held is None:
@@ -300,8 +303,10 @@ class Feed:
         if self.root:
             self._tell(STATE, stream, (np.random.get_state(), random.getstate()))
             return
-        header = np.zeros(4, dtype=np.int64)
+        header = np.zeros(5, dtype=np.int64)
         self._bcast(header, stream)
+        if (int(header[3]), int(header[4])) != (stream.count, _crc(stream.label)):
+            raise LockstepError(_mismatch(self.session.rank, stream, None, int(header[3])))
         buffer = np.empty(int(header[1]), dtype=np.uint8)
         self._bcast(buffer, stream)
         label, count, state = _unpack(buffer)
@@ -595,6 +600,17 @@ def _put_arrays(value, arrays):
     return value
 
 
+def _header(kind, size, following, stream):
+    """What rank 0 broadcasts first: the kind of message, its bytes (0: drawn
+    ahead, on its way), the bytes of the next batch drawn ahead (0: none), the
+    batch's number and a checksum of the stream's name."""
+    return np.array([kind, size, following, stream.count, _crc(stream.label)], dtype=np.int64)
+
+
+def _crc(label):
+    return zlib.crc32(label.encode("utf-8"))
+
+
 def _pack(label, count, value, batch=True):
     """One message: ``int64`` length of the pickle, the pickle of ``(label,
     count, structure, layout)``, then the arrays' bytes at :data:`_ALIGN`
@@ -667,6 +683,7 @@ def _raised_on_root(travelled):
 
 
 def _mismatch(rank, stream, label, count):
+    label = label or "another loop's batches"
     return ("ranks left lockstep: rank 0 handed out batch %d of %s while rank %d was "
             "pulling batch %d of %s. Under tmpi rank 0 alone draws the batches of Keras' "
             "generator loops (fit_generator, evaluate_generator, predict_generator and fit, "

@@ -403,48 +403,39 @@ def _toposort(roots):
     return io_toposort(list(inputs(roots)), roots)
 
 
-def _top_reductions(cost):
-    """The nodes where a scalar cost's top path (sums, products, divisions,
-    negations, casts, dimshuffles) ends: the reductions that make it."""
+def _top_path(cost):
+    """``(divisors, ends)`` along a scalar cost's top path (sums, products,
+    negations, casts, dimshuffles, and the numerators of divisions): the
+    divisors (``sum / n``, ``mean / m``), and the nodes where the path ends
+    (the reductions that make the cost, among them)."""
     from theano import scalar
     from theano.tensor.elemwise import DimShuffle, Elemwise
-    found, stack, seen = [], [cost], set()
+    divisors, ends, stack, seen = [], [], [cost], set()
     while stack:
         variable = stack.pop()
         if id(variable) in seen or variable.owner is None:
             continue
         seen.add(id(variable))
         op, inputs = variable.owner.op, variable.owner.inputs
+        kind = op.scalar_op if isinstance(op, Elemwise) else None
         if isinstance(op, DimShuffle):
             stack.append(inputs[0])
-        elif isinstance(op, Elemwise) and isinstance(op.scalar_op, (
-                scalar.TrueDiv, scalar.IntDiv, scalar.Mul, scalar.Add, scalar.Sub,
-                scalar.Neg, scalar.Cast, scalar.Identity)):
+        elif isinstance(kind, (scalar.TrueDiv, scalar.IntDiv)):
+            divisors.append(inputs[1])
+            stack.append(inputs[0])
+        elif isinstance(kind, (scalar.Mul, scalar.Add, scalar.Sub, scalar.Neg, scalar.Cast,
+                               scalar.Identity)):
             stack.extend(inputs)
-        else:
-            found.append(variable.owner)
-    return found
+        elif kind is None:
+            ends.append(variable.owner)
+    return divisors, ends
+
+
+def _top_reductions(cost):
+    """The nodes where a scalar cost's top path ends (:func:`_top_path`)."""
+    return _top_path(cost)[1]
 
 
 def _denominators(cost):
-    """The divisors along a scalar cost's top path (``sum / n``, ``mean / m``)."""
-    from theano import scalar
-    from theano.tensor.elemwise import DimShuffle, Elemwise
-    found, stack, seen = [], [cost], set()
-    while stack:
-        variable = stack.pop()
-        if id(variable) in seen or variable.owner is None:
-            continue
-        seen.add(id(variable))
-        op = variable.owner.op
-        inputs = variable.owner.inputs
-        if isinstance(op, DimShuffle):
-            stack.append(inputs[0])
-        elif isinstance(op, Elemwise):
-            if isinstance(op.scalar_op, (scalar.TrueDiv, scalar.IntDiv)):
-                found.append(inputs[1])
-                stack.append(inputs[0])
-            elif isinstance(op.scalar_op, (scalar.Mul, scalar.Add, scalar.Sub, scalar.Neg,
-                                           scalar.Cast, scalar.Identity)):
-                stack.extend(inputs)
-    return found
+    """The divisors along a scalar cost's top path (:func:`_top_path`)."""
+    return _top_path(cost)[0]

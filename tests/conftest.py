@@ -60,7 +60,8 @@ def warm_theano():
 #: longest start first and the workers finish together; files not named here
 #: follow in their usual order.  test_slurm.py and test_hosts.py take turns
 #: with the emulated hosts (tests/hosts.py): they are kept apart.
-LONGEST_FIRST = ["test_gpu.py", "test_slurm.py", "test_keras.py", "test_keras_example.py",
+LONGEST_FIRST = ["test_gpu.py", "test_slurm.py", "test_keras.py", "test_keras_generators.py",
+                 "test_keras_example.py",
                  "test_lasagne.py", "test_examples_lasagne.py", "test_bsp.py",
                  "test_exchanger_fused.py",
                  "test_reliability_checkpoint.py", "test_reliability_restart.py",

@@ -43,22 +43,19 @@ that waits too long for rank 0 is reported like any stall.
 """
 import functools
 import inspect
-import pickle
 import random
 import threading
 import time
-import zlib
 
 import numpy as np
 
 from tmpi_adapters.errors import LockstepError, TmpiError
 from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.exchangers.waiting import START_SECONDS
+from tmpi_adapters.frameworks.keras import batchwire
 
 #: What a header announces.
 BATCH, END, ERROR, STATE = 0, 1, 2, 3
-#: Arrays start at multiples of this many bytes in the buffer.
-_ALIGN = 64
 #: Seconds rank 0 lets the draws its enqueuer's workers had started finish
 #: when a loop ends, before it hands its random generators to every rank.
 JOIN_SECONDS = 10.0
@@ -178,13 +175,13 @@ class Feed:
             start = time.perf_counter()
             item = self._next(stream)
             self.waits.setdefault(stream.label, []).append(time.perf_counter() - start)
-            buffer = _pack(stream.label, stream.count, item)
+            buffer = batchwire.pack(stream.label, stream.count, item)
         else:
             item, buffer, request = held
             self.waits.setdefault(stream.label, []).append(0.0)  # drawn before it was pulled
         following = self._ahead(stream)
         begin = time.perf_counter()
-        header = _header(BATCH, 0 if held else buffer.size,
+        header = batchwire.header(BATCH, 0 if held else buffer.size,
                          0 if following is None else following[1].size, stream)
         self._bcast(header, stream)
         if held is None:
@@ -209,7 +206,7 @@ class Feed:
         if isinstance(error, StopIteration):
             self._tell(END, stream, None)
         else:
-            self._tell(ERROR, stream, _pickled_error(error))
+            self._tell(ERROR, stream, batchwire.pickled_error(error))
         self.agreed = error
         raise error
 
@@ -224,12 +221,12 @@ class Feed:
         except (StopIteration, Exception) as error:
             stream.deferred = error
             return None
-        return item, _pack(stream.label, stream.count + 1, item)
+        return item, batchwire.pack(stream.label, stream.count + 1, item)
 
     def _tell(self, kind, stream, value):
         """Rank 0: a message that is not a batch (the end, an error, a state)."""
-        buffer = _pack(stream.label, stream.count, value, kind == BATCH)
-        self._bcast(_header(kind, buffer.size, 0, stream), stream)
+        buffer = batchwire.pack(stream.label, stream.count, value, kind == BATCH)
+        self._bcast(batchwire.header(kind, buffer.size, 0, stream), stream)
         self._bcast(buffer, stream)
 
     # -- every other rank ---------------------------------------------------------------------
@@ -239,7 +236,7 @@ class Feed:
         begin = time.perf_counter()
         self._bcast(header, stream)
         kind, size, following = int(header[0]), int(header[1]), int(header[2])
-        if (int(header[3]), int(header[4])) != (stream.count, _crc(stream.label)):
+        if (int(header[3]), int(header[4])) != (stream.count, batchwire.crc(stream.label)):
             raise LockstepError(_mismatch(self.session.rank, stream, None, int(header[3])))
         held, stream.held = stream.held, None
         if size == 0:
@@ -256,14 +253,14 @@ class Feed:
             ahead = np.empty(following, dtype=np.uint8)
             stream.held = (ahead, self.comm.Ibcast(ahead, root=0))
             self._pending.append(stream)
-        label, count, value = _unpack(buffer)
+        label, count, value = batchwire.unpack(buffer)
         if (label, count) != (stream.label, stream.count):
             raise LockstepError(_mismatch(self.session.rank, stream, label, count))
         if kind == END:
             self.agreed = StopIteration()
             raise self.agreed
         if kind == ERROR:
-            self.agreed = _raised_on_root(value)
+            self.agreed = batchwire.raised_on_root(value)
             raise self.agreed
         if kind == BATCH:
             self._count(buffer, begin)
@@ -305,11 +302,11 @@ class Feed:
             return
         header = np.zeros(5, dtype=np.int64)
         self._bcast(header, stream)
-        if (int(header[3]), int(header[4])) != (stream.count, _crc(stream.label)):
+        if (int(header[3]), int(header[4])) != (stream.count, batchwire.crc(stream.label)):
             raise LockstepError(_mismatch(self.session.rank, stream, None, int(header[3])))
         buffer = np.empty(int(header[1]), dtype=np.uint8)
         self._bcast(buffer, stream)
-        label, count, state = _unpack(buffer)
+        label, count, state = batchwire.unpack(buffer)
         if (label, count) != (stream.label, stream.count):
             raise LockstepError(_mismatch(self.session.rank, stream, label, count))
         np.random.set_state(state[0])
@@ -326,7 +323,8 @@ class Feed:
         step = sum(summary.get(p, 0.0) for p in ("compute_s", "comm_s", "wait_s", "data_s"))
         text = ("batches drawn on rank 0 and handed to every rank: %d (%s; %d sent during "
                 "the step before), %.2f ms each to hand out; rank 0 waited %.2f ms per batch "
-                "for the generator" % (self.batches, _size(self.bytes), self.ahead,
+                "for the generator" % (self.batches, batchwire.size_text(self.bytes),
+                                       self.ahead,
                                        1e3 * self.transfer_s / max(self.batches, 1),
                                        1e3 * mean))
         if step > 0 and mean > BOTTLENECK * step:
@@ -556,130 +554,6 @@ def _join(pools, run_thread):
     waiting = threading.Thread(target=join, name="tmpi-join-workers", daemon=True)
     waiting.start()
     waiting.join(JOIN_SECONDS)
-
-
-class _Slot:
-    """Where an array of a batch goes back into its structure."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index):
-        self.index = index
-
-    def __getstate__(self):
-        return self.index
-
-    def __setstate__(self, index):
-        self.index = index
-
-
-def _take_arrays(value, arrays):
-    """``value`` with its numpy arrays (of plain dtypes) taken out into
-    ``arrays`` and :class:`_Slot` s in their place."""
-    if type(value) is np.ndarray and not value.dtype.hasobject:
-        arrays.append(value)
-        return _Slot(len(arrays) - 1)
-    if type(value) is tuple:
-        return tuple(_take_arrays(v, arrays) for v in value)
-    if type(value) is list:
-        return [_take_arrays(v, arrays) for v in value]
-    if type(value) is dict:
-        return {k: _take_arrays(v, arrays) for k, v in value.items()}
-    return value
-
-
-def _put_arrays(value, arrays):
-    if isinstance(value, _Slot):
-        return arrays[value.index]
-    if type(value) is tuple:
-        return tuple(_put_arrays(v, arrays) for v in value)
-    if type(value) is list:
-        return [_put_arrays(v, arrays) for v in value]
-    if type(value) is dict:
-        return {k: _put_arrays(v, arrays) for k, v in value.items()}
-    return value
-
-
-def _header(kind, size, following, stream):
-    """What rank 0 broadcasts first: the kind of message, its bytes (0: drawn
-    ahead, on its way), the bytes of the next batch drawn ahead (0: none), the
-    batch's number and a checksum of the stream's name."""
-    return np.array([kind, size, following, stream.count, _crc(stream.label)], dtype=np.int64)
-
-
-def _crc(label):
-    return zlib.crc32(label.encode("utf-8"))
-
-
-def _pack(label, count, value, batch=True):
-    """One message: ``int64`` length of the pickle, the pickle of ``(label,
-    count, structure, layout)``, then the arrays' bytes at :data:`_ALIGN`
-    boundaries (``batch``: ``value``'s arrays travel as bytes, not pickled)."""
-    arrays = []
-    skeleton = _take_arrays(value, arrays) if batch else value
-    arrays = [np.ascontiguousarray(a) for a in arrays]
-    layout, offset = [], 0
-    for array in arrays:
-        offset = _aligned(offset)
-        layout.append((offset, array.dtype.str, array.shape))
-        offset += array.nbytes
-    meta = pickle.dumps((label, count, skeleton, layout), protocol=4)
-    start = _aligned(8 + len(meta))
-    buffer = np.empty(start + offset, dtype=np.uint8)
-    buffer[:8] = np.frombuffer(np.int64(len(meta)).tobytes(), dtype=np.uint8)
-    buffer[8:8 + len(meta)] = np.frombuffer(meta, dtype=np.uint8)
-    for (at, _, _), array in zip(layout, arrays):
-        if array.nbytes:
-            buffer[start + at:start + at + array.nbytes] = array.reshape(-1).view(np.uint8)
-    return buffer
-
-
-def _unpack(buffer):
-    """``(label, count, value)`` of a :func:`_pack` message; the arrays are
-    views of ``buffer``."""
-    length = int(np.frombuffer(buffer[:8].tobytes(), dtype=np.int64)[0])
-    label, count, skeleton, layout = pickle.loads(buffer[8:8 + length].tobytes())
-    start = _aligned(8 + length)
-    arrays = []
-    for at, dtype, shape in layout:
-        dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        arrays.append(buffer[start + at:start + at + nbytes].view(dtype).reshape(shape))
-    return label, count, _put_arrays(skeleton, arrays)
-
-
-def _size(nbytes):
-    return "%.1f MB" % (nbytes / 1e6) if nbytes >= 1e5 else "%.1f kB" % (nbytes / 1e3)
-
-
-def _aligned(offset):
-    return -(-offset // _ALIGN) * _ALIGN
-
-
-def _pickled_error(error):
-    """Rank 0's generator's ``error`` as the other ranks will raise it."""
-    try:
-        data = pickle.dumps(error, protocol=4)
-        pickle.loads(data)
-        return ("pickle", data)
-    except Exception:  # noqa: BLE001 - an error of any kind travels as its text
-        return ("text", "%s: %s" % (type(error).__name__, error))
-
-
-def _raised_on_root(travelled):
-    how, data = travelled
-    error = None
-    if how == "pickle":
-        try:
-            error = pickle.loads(data)
-        except Exception:  # noqa: BLE001 - its class is not importable here
-            error = None
-    if not isinstance(error, BaseException):
-        error = TmpiError("rank 0's generator raised %s" % (
-            data if how == "text" else "an error this rank cannot rebuild"))
-    error.add_note("(rank 0's generator raised this; under tmpi rank 0 alone draws the "
-                   "batches and the other ranks raise what it raised)")
-    return error
 
 
 def _mismatch(rank, stream, label, count):

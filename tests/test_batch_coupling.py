@@ -71,6 +71,8 @@ def test_every_way_rows_meet_gives_the_one_process_numbers(one_rank, ranks):
     # The end-of-run lines name what was made whole, and where.
     assert "where the batch's rows meet" in result.stdout
     assert "batch_coupling.py:" in result.stdout
+    # Inputs that are not the batch (a reference batch, embeddings) are said to be taken whole.
+    assert "input 'extra' carries no batch" in result.stdout
 
 
 @pytest.mark.mpi

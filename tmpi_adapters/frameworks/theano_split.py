@@ -15,7 +15,7 @@ import inspect
 from tmpi_adapters.graphs.fixedbatch import FixedBatch, reshape_inputs
 from tmpi_adapters.core.function import SplitFunction
 from tmpi_adapters.graphs.marks import ancestors
-from tmpi_adapters.graphs.layout import Layout
+from tmpi_adapters.graphs.layout import Layout, describe
 from tmpi_adapters.core.combine import Combiner
 from tmpi_adapters.graphs.outputs import KINDS, classify, ratio_of
 from tmpi_adapters.graphs.rows import Rows
@@ -48,8 +48,18 @@ def analyse_function(adapter, inputs, given_pairs, graph, costs, update_pairs,
     batch_shared = list(adapter.batch_variables(
         inputs=inputs, outputs=graph[:len(graph) - len(update_pairs)],
         updates=update_pairs) or [])
-    return analyse(inputs, given_pairs, batch_shared, graph, costs, slice_givens=slice_givens,
-                   outputs=graph[:len(graph) - len(update_pairs)])
+    plan, rows = analyse(inputs, given_pairs, batch_shared, graph, costs,
+                         slice_givens=slice_givens,
+                         outputs=graph[:len(graph) - len(update_pairs)])
+    if plan.layout.whole:
+        # Said, not silent: were a tie to the batch missed, nothing would be split there.
+        one = len(plan.layout.whole) == 1
+        adapter.session.print(
+            "tmpi: note: %s carr%s no batch (the graph never meets %s rows with the loss's "
+            "rows): every rank takes all of %s." % (
+                " and ".join(describe(v) for v in plan.layout.whole),
+                "ies" if one else "y", "its" if one else "their", "it" if one else "them"))
+    return plan, rows
 
 
 def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pairs, updates,

@@ -252,7 +252,7 @@ class Layout:
     def _evidence(self, costs, counts):
         """The classes of batch axes named by the costs' divisions and counts."""
         batch = set()
-        for denominators in [_denominators(c) for c in costs if c is not None] + \
+        for denominators in [_top_path(c)[0] for c in costs if c is not None] + \
                 [[c] for c in counts if c is not None]:
             classes = set()
             for d in denominators:
@@ -270,7 +270,7 @@ class Layout:
             syms = [(id(variable), k) for k in range(ndim)]
             named = [k for k, s in enumerate(syms) if self._find(s) in batch]
             timed = [k for k, s in enumerate(syms) if self.is_time_size(s)]
-            name = _describe(variable)
+            name = describe(variable)
             if len(named) > 1:
                 problems.append("the cost divides by the lengths of axes %s of %s"
                                 % (named, name))
@@ -315,9 +315,9 @@ class Layout:
             return
         # An axis that some node takes in and gives out under no name, other
         # than by reducing it, may reach the loss unseen: its input stays split.
-        unread = {self._find(s) for entering, leaving in self._unread
-                  for s in entering - self._leaving(leaving)
-                  if self._find(s) not in self._leaving(leaving)}
+        unread = set()
+        for entering, leaving in self._unread:
+            unread |= {self._find(s) for s in entering} - {self._find(s) for s in leaving}
         self.whole = []
         for variable in self.data:
             axis = self.axes.get(id(variable))
@@ -327,9 +327,6 @@ class Layout:
             if kind not in proven and kind not in unread:
                 self.axes[id(variable)] = None
                 self.whole.append(variable)
-
-    def _leaving(self, symbols):
-        return {self._find(s) for s in symbols}
 
     def _candidates(self):
         """The classes of the axes the data inputs would be split along."""
@@ -341,7 +338,7 @@ class Layout:
         from theano.tensor.elemwise import CAReduce
         candidates, found = self._candidates(), set()
         for cost in costs:
-            for node in _top_reductions(cost):
+            for node in _top_path(cost)[1]:
                 if not isinstance(node.op, CAReduce):
                     continue
                 sizes = self.sizes.get(node.inputs[0], ())
@@ -393,7 +390,7 @@ def constant_ints(variable):
         return None
 
 
-def _describe(variable):
+def describe(variable):
     name = getattr(variable, "name", None)
     return "input %r" % name if name else "an unnamed input (%s)" % getattr(variable, "type", "?")
 
@@ -430,12 +427,3 @@ def _top_path(cost):
             ends.append(variable.owner)
     return divisors, ends
 
-
-def _top_reductions(cost):
-    """The nodes where a scalar cost's top path ends (:func:`_top_path`)."""
-    return _top_path(cost)[1]
-
-
-def _denominators(cost):
-    """The divisors along a scalar cost's top path (:func:`_top_path`)."""
-    return _top_path(cost)[0]

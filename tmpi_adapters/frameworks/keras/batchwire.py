@@ -34,31 +34,34 @@ class _Slot:
         self.index = index
 
 
+def _mapped(value, leaf):
+    """``value`` with each leaf ``leaf`` answers for (not ``None``) replaced,
+    through tuples, lists and dicts."""
+    found = leaf(value)
+    if found is not None:
+        return found
+    if type(value) is tuple:
+        return tuple(_mapped(v, leaf) for v in value)
+    if type(value) is list:
+        return [_mapped(v, leaf) for v in value]
+    if type(value) is dict:
+        return {k: _mapped(v, leaf) for k, v in value.items()}
+    return value
+
+
 def _take_arrays(value, arrays):
     """``value`` with its numpy arrays (of plain dtypes) taken out into
     ``arrays`` and :class:`_Slot` s in their place."""
-    if type(value) is np.ndarray and not value.dtype.hasobject:
-        arrays.append(value)
-        return _Slot(len(arrays) - 1)
-    if type(value) is tuple:
-        return tuple(_take_arrays(v, arrays) for v in value)
-    if type(value) is list:
-        return [_take_arrays(v, arrays) for v in value]
-    if type(value) is dict:
-        return {k: _take_arrays(v, arrays) for k, v in value.items()}
-    return value
+    def take(leaf):
+        if type(leaf) is np.ndarray and not leaf.dtype.hasobject:
+            arrays.append(leaf)
+            return _Slot(len(arrays) - 1)
+        return None
+    return _mapped(value, take)
 
 
 def _put_arrays(value, arrays):
-    if isinstance(value, _Slot):
-        return arrays[value.index]
-    if type(value) is tuple:
-        return tuple(_put_arrays(v, arrays) for v in value)
-    if type(value) is list:
-        return [_put_arrays(v, arrays) for v in value]
-    if type(value) is dict:
-        return {k: _put_arrays(v, arrays) for k, v in value.items()}
-    return value
+    return _mapped(value, lambda leaf: arrays[leaf.index] if isinstance(leaf, _Slot) else None)
 
 
 def header(kind, size, following, stream):

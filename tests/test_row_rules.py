@@ -21,8 +21,8 @@ collecting this file changes nothing for the files that set Theano's flags.
 import numpy as np
 import pytest
 
-from tmpi_adapters.graphs.rows import (DRAW, MAX, MIN, MIXED, REPL, ROWS_WINDOW, SAME, SHAPE,
-                                       SUM)
+from tmpi_adapters.graphs.marks import (DRAW, MAX, MIN, MIXED, REPL, ROWS_WINDOW, SAME, SHAPE,
+                                        SUM, Shard)
 
 #: A 10-row batch on 3 ranks: rows [lo, hi) of each.
 SHARES = [(0, 4), (4, 7), (7, 10)]
@@ -72,8 +72,8 @@ def share(value, axis, lo, hi):
 
 def combine(mark, parts):
     """The one-process value the ranks' ``parts`` stand for, as ``mark`` says."""
-    if isinstance(mark, int):
-        return np.concatenate([np.atleast_1d(p) for p in parts], axis=mark)
+    if isinstance(mark, Shard):
+        return np.concatenate([np.atleast_1d(p) for p in parts], axis=mark.axis)
     if mark == SUM:
         return sum(parts)
     if mark == MAX:
@@ -141,18 +141,18 @@ def _mean_cost(n):
 #: converted value waits for: (kind, axis))
 RULES = [
     # Row-wise ops keep each rank's rows.
-    case("elementwise", lambda n: 2 * n.T.exp(n.x) + 1, 0, 0, []),
-    case("dot with a parameter", lambda n: n.T.dot(n.x, n.W), 0, 0, []),
-    case("parameter dot rows.T", lambda n: n.T.dot(n.V, n.h.T), 1, 1, []),
-    case("softmax", lambda n: n.T.nnet.softmax(n.h), 0, 0, []),
-    case("transpose", lambda n: n.h.T, 1, 1, []),
-    case("dimshuffle (0, x, 1)", lambda n: n.h.dimshuffle(0, "x", 1), 0, 0, []),
-    case("dimshuffle (1, x, 0)", lambda n: n.h.dimshuffle(1, "x", 0), 2, 2, []),
-    case("sum over features", lambda n: n.h.sum(axis=1), 0, 0, []),
-    case("mean over features", lambda n: n.h.mean(axis=1), 0, 0, []),
-    case("max over features", lambda n: n.h.max(axis=1), 0, 0, []),
-    case("argmax over features", lambda n: n.T.argmax(n.h, axis=1), 0, 0, []),
-    case("positions of the rows", lambda n: n.T.arange(n.x.shape[0]), 0, 0, []),
+    case("elementwise", lambda n: 2 * n.T.exp(n.x) + 1, Shard(0), Shard(0), []),
+    case("dot with a parameter", lambda n: n.T.dot(n.x, n.W), Shard(0), Shard(0), []),
+    case("parameter dot rows.T", lambda n: n.T.dot(n.V, n.h.T), Shard(1), Shard(1), []),
+    case("softmax", lambda n: n.T.nnet.softmax(n.h), Shard(0), Shard(0), []),
+    case("transpose", lambda n: n.h.T, Shard(1), Shard(1), []),
+    case("dimshuffle (0, x, 1)", lambda n: n.h.dimshuffle(0, "x", 1), Shard(0), Shard(0), []),
+    case("dimshuffle (1, x, 0)", lambda n: n.h.dimshuffle(1, "x", 0), Shard(2), Shard(2), []),
+    case("sum over features", lambda n: n.h.sum(axis=1), Shard(0), Shard(0), []),
+    case("mean over features", lambda n: n.h.mean(axis=1), Shard(0), Shard(0), []),
+    case("max over features", lambda n: n.h.max(axis=1), Shard(0), Shard(0), []),
+    case("argmax over features", lambda n: n.T.argmax(n.h, axis=1), Shard(0), Shard(0), []),
+    case("positions of the rows", lambda n: n.T.arange(n.x.shape[0]), Shard(0), Shard(0), []),
     # Reductions over the rows: partial on each rank.
     case("sum over rows", lambda n: n.h.sum(axis=0), SUM, SUM, []),
     case("sum over all", lambda n: n.h.sum(), SUM, SUM, []),
@@ -166,7 +166,7 @@ RULES = [
     # Strictly, the global sizes are not rebuilt: what divides by them is MIXED.
     case("mean over rows", lambda n: n.h.mean(axis=0), MIXED, SUM, []),
     case("mean over all", lambda n: n.h.mean(), MIXED, SUM, []),
-    case("rows divided by their count", lambda n: n.x / n.x.shape[0], MIXED, 0, []),
+    case("rows divided by their count", lambda n: n.x / n.x.shape[0], MIXED, Shard(0), []),
     case("gradient of a mean", _mean_cost, MIXED, SUM, []),
     # A count of rows (ones summed over the rows) is a partial sum; converted,
     # it is rebuilt from the global sizes, with no collective.
@@ -179,7 +179,7 @@ RULES = [
     case("rows reversed", lambda n: n.h[::-1], MIXED, REPL, [("gather", 0)]),
     case("cumsum over rows", lambda n: n.T.cumsum(n.h, axis=0), MIXED, REPL, [("gather", 0)]),
     case("product over rows", lambda n: n.h.prod(axis=0), MIXED, REPL, [("gather", 0)]),
-    case("rows minus their mean", lambda n: n.h - n.h.mean(axis=0), MIXED, 0, [("sum", None)]),
+    case("rows minus their mean", lambda n: n.h - n.h.mean(axis=0), MIXED, Shard(0), [("sum", None)]),
 ]
 
 
@@ -264,9 +264,53 @@ def test_a_draw_shaped_like_the_rows_is_drawn_again_for_the_whole_batch():
     assert rows(product) == MIXED
     rows = read([n.x], [product], [n.cost], convert=True)
     assert rows.refusal is None
-    assert (rows(noise), rows(product)) == (REPL, 0)
+    assert (rows(noise), rows(product)) == (REPL, Shard(0))
     assert pending_sources(rows, product) == []
     assert_converted(rows, [n.x], n.values, product)
+
+
+# -- the marks and the registry -------------------------------------------------------------------
+
+def test_a_mark_is_typed_and_never_an_axis():
+    assert Shard(0) == Shard(0) and Shard(0) != Shard(1) and hash(Shard(2)) == hash(Shard(2))
+    assert SUM != MAX and SUM.negated() == SUM and MAX.negated() == MIN
+    assert SAME != REPL and Shard(0) not in (SAME, SHAPE, REPL)
+    # Code written for the marks of old (``mark == 0``) cannot silently read false.
+    with pytest.raises(TypeError, match="compared with an axis"):
+        Shard(0) == 0
+    with pytest.raises(TypeError, match="compared with an axis"):
+        SUM in (0, 1)
+
+
+def test_every_op_of_the_catalogue_has_one_rule():
+    from tmpi_adapters.graphs import catalogue, rows  # noqa: F401 - the engine registers the rules
+    from tmpi_adapters.graphs.registry import registered
+    tables = (catalogue.ROW_OPS, catalogue.IDENTITIES, catalogue.CONV_GRAD_WEIGHTS,
+              catalogue.BATCH_NORMS, catalogue.SIZES, catalogue.NAMED)
+    missing = set().union(*tables) - registered()
+    assert missing == {"ARange"}, missing      # read by the sizes rule, always sized
+
+
+def test_two_rules_for_one_op_are_refused():
+    import theano.tensor as T
+    from tmpi_adapters.graphs import rows  # noqa: F401 - the engine registers the rules
+    from tmpi_adapters.graphs.registry import rule, rule_for
+    assert rule_for(T.dot(T.matrix(), T.matrix()).owner.op).__name__ == "dot"
+    with pytest.raises(ValueError, match="two row rules for Dot"):
+        rule("Dot")(lambda rows, node, ins: None)
+
+
+def test_a_signature_is_what_the_engine_converts():
+    # dot(h, W) with W a parameter: the rows kept, W as every rank has it; the
+    # rule says so, the engine applies it (no request in either reading).
+    from tmpi_adapters.graphs.registry import KEEP, rule_for
+    n = Net()
+    expr = n.T.dot(n.h, n.V.T)
+    rows = read([n.x], [expr], [n.cost])
+    signature = rule_for(expr.owner.op)(rows, expr.owner, [rows(v) for v in expr.owner.inputs])
+    assert signature.outputs == [Shard(0)]
+    assert signature.inputs[0] is KEEP and signature.inputs[1] == REPL
+    assert rows.requests == []
 
 
 # -- a subclass meets its base's rule -----------------------------------------------------------
@@ -323,15 +367,15 @@ def _arange(n):
 
 #: (name, the subclass's node, the mark its base gives)
 SUBCLASSES = [
-    case("ViewOp (an identity)", _view, 0),
-    case("Softmax (a row op, by catalogue)", _softmax, 0),
-    case("Dot, rows kept", _dot_rows, 0),
+    case("ViewOp (an identity)", _view, Shard(0)),
+    case("Softmax (a row op, by catalogue)", _softmax, Shard(0)),
+    case("Dot, rows kept", _dot_rows, Shard(0)),
     case("Dot, rows contracted", _dot_partial, SUM),
     case("MaxAndArgmax over rows", _max, MAX),
-    case("Subtensor of a feature", _subtensor, 0),
+    case("Subtensor of a feature", _subtensor, Shard(0)),
     case("Shape_i of the rows", _shape_i, SHAPE),
     case("Shape", _shape, SHAPE),
-    case("ARange of the rows", _arange, 0),
+    case("ARange of the rows", _arange, Shard(0)),
 ]
 
 
@@ -371,7 +415,7 @@ def test_a_subclass_of_a_row_op_ties_its_inputs_rows():
     rows = read([n.x, y], [per_row], [cost])
     assert (rows.layout.axis(n.x), rows.layout.axis(y)) == (0, 0)
     assert rows.layout.whole == []
-    assert rows(per_row) == 0
+    assert rows(per_row) == Shard(0)
 
 
 # -- Layout: which inputs carry the batch -------------------------------------------------------
@@ -401,7 +445,7 @@ def _picked():
     p = T.nnet.softmax(T.dot(x, W))
     per_row = -T.log(p)[T.arange(y.shape[0]), y]
     return Case([x, y], [per_row], [T.mean(per_row)], values, {"x": 0, "y": 0},
-                marks=[(per_row, 0), (p, 0)])
+                marks=[(per_row, Shard(0)), (p, Shard(0))])
 
 
 def _crossentropy():
@@ -409,7 +453,7 @@ def _crossentropy():
     x, y, W, values = _classifier()
     per_row = T.nnet.categorical_crossentropy(T.nnet.softmax(T.dot(x, W)), y)
     return Case([x, y], [per_row], [T.mean(per_row)], values, {"x": 0, "y": 0},
-                marks=[(per_row, 0)])
+                marks=[(per_row, Shard(0))])
 
 
 def _reference(rows):
@@ -427,7 +471,7 @@ def _reference(rows):
         cost = T.mean(T.sum(T.sqr(T.dot(centred, W)), axis=1))
         values = [rng.standard_normal((ROWS, 4)), rng.standard_normal((rows, 4))]
         return Case([x, ref], [centred], [cost], values, {"x": 0, "ref": None},
-                    whole=["ref"], marks=[(centred, 0), (mean, SAME)])
+                    whole=["ref"], marks=[(centred, Shard(0)), (mean, SAME)])
     return build
 
 
@@ -449,7 +493,7 @@ def _embeddings():
     cost = T.mean(T.nnet.categorical_crossentropy(scores, y)) + T.mean(pulled)
     values.append(np.random.RandomState(3).standard_normal((3, 3)))
     return Case([x, y, E], [scores], [cost], values, {"x": 0, "y": 0, "E": None},
-                marks=[(scores, 0), (pulled, 0), (own, 0)])
+                marks=[(scores, Shard(0)), (pulled, Shard(0)), (own, Shard(0))])
 
 
 def _embeddings_scored_only():
@@ -470,7 +514,7 @@ def _embeddings_scores_returned():
     cost = -T.mean(T.log(scores)[T.arange(y.shape[0]), y])
     values.append(np.random.RandomState(3).standard_normal((3, 3)))
     return Case([x, y, E], [scores], [cost], values, {"x": 0, "y": 0, "E": None},
-                whole=["E"], marks=[(scores, 0)])
+                whole=["E"], marks=[(scores, Shard(0))])
 
 
 def _image():
@@ -555,14 +599,14 @@ def test_a_reshape_to_a_constant_batch_is_decided_on_a_call():
     decided = {tag(image): 0}
     rows = read(case.data, case.outputs, case.costs, reshapes=decided)
     assert rows.undecided == [reshapes[2]]
-    assert (rows(image), rows(flat), rows(per_row)) == (0, MIXED, MIXED)
+    assert (rows(image), rows(flat), rows(per_row)) == (Shard(0), MIXED, MIXED)
     decided[tag(flat)] = 0
     rows = read(case.data, case.outputs, case.costs, reshapes=decided)
     assert rows.undecided == []
-    assert (rows(image), rows(flat), rows(per_row)) == (0, 0, 0)
+    assert (rows(image), rows(flat), rows(per_row)) == (Shard(0), Shard(0), Shard(0))
     # Converted, the constant 10 becomes each rank's share.
     rows = read(case.data, case.outputs, case.costs, convert=True, reshapes=decided)
-    assert rows(per_row) == 0 and pending_sources(rows, per_row) == []
+    assert rows(per_row) == Shard(0) and pending_sources(rows, per_row) == []
     assert_converted(rows, case.data, case.values, per_row)
     assert_converted(rows, case.data, case.values, case.costs[0])
 

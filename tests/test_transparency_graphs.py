@@ -220,7 +220,8 @@ def test_returned_values_are_classified_from_the_graph():
 def test_reshape_to_the_batch_size_follows_each_call():
     import theano
     import theano.tensor as T
-    from tmpi_adapters.graphs.fixedbatch import decide, find, rebuild
+    from tmpi_adapters.graphs.fixedbatch import find, rebuild
+    from tmpi_adapters.graphs.reshapes import decide
     x = T.matrix("x")
     out = (x.reshape((6, 2, 2)) ** 2).sum(axis=(1, 2))
     found = find([out], [x])
@@ -248,7 +249,7 @@ def test_reshape_to_the_batch_size_follows_each_call():
     ((4, 4), [(16,), (16,)], None, None),
 ])
 def test_reshape_rewrites_are_read_from_the_sizes(target, shapes, axis, expected):
-    from tmpi_adapters.graphs.fixedbatch import decide
+    from tmpi_adapters.graphs.reshapes import decide
     found, rewrite = decide("r", target, [4, 2], shapes)
     assert found == axis
     assert (None if rewrite is None else (rewrite.axis, rewrite.num, rewrite.den)) == expected
@@ -265,7 +266,7 @@ def test_reshape_rewrites_are_read_from_the_sizes(target, shapes, axis, expected
 ])
 def test_reshapes_no_share_can_follow_are_refused(target, sizes, shapes, why):
     from tmpi_adapters.errors import ConfigError
-    from tmpi_adapters.graphs.fixedbatch import decide
+    from tmpi_adapters.graphs.reshapes import decide
     with pytest.raises(ConfigError) as error:
         decide("the reshape", target, sizes, shapes)
     assert why in str(error.value) and "--scaling weak" in str(error.value)

@@ -25,8 +25,8 @@ whole values), or per-row values and extrema that the
 import sys
 
 from tmpi_adapters.errors import ConfigError
-from tmpi_adapters.graphs.rows import (DRAW, MAX, MIN, MIXED, REPL, SAME, SHAPE, SUM,
-                                       is_pending)
+from tmpi_adapters.graphs.marks import DRAW, MAX, MIN, MIXED, REPL, SAME, SHAPE, SUM, Shard
+from tmpi_adapters.graphs.pending import is_pending
 
 
 class CoupledStep:
@@ -79,9 +79,9 @@ class CoupledStep:
         rows = self.rows
         mark = rows(output)
         options = self.session.options
-        if isinstance(mark, int):
+        if isinstance(mark, Shard):
             self.kinds.append("rows")
-            self.axes.append(mark)
+            self.axes.append(mark.axis)
             return rows.local(output)
         self.axes.append(0)
         if mark == SUM and options.outputs == "local":
@@ -92,7 +92,7 @@ class CoupledStep:
             scale = rows.T.cast(total, local.dtype) / rows.T.cast(rows_here, local.dtype)
             return rows.T.cast(local * scale, local.dtype)
         if mark in (MAX, MIN):
-            self.kinds.append(None if options.outputs == "local" else mark[1:])
+            self.kinds.append(None if options.outputs == "local" else mark.op)
             return rows.local(output)
         self.kinds.append(None)
         if mark == SHAPE:
@@ -194,7 +194,7 @@ class CoupledStep:
         return [(k, root) for k, root in enumerate(roots)
                 if upstream.get(root, 0) & mask and not upstream.get(root, 0) & exchanged
                 and rows(self._sources[k]) not in (SUM, MAX, MIN)
-                and not isinstance(rows(self._sources[k]), int)]
+                and not isinstance(rows(self._sources[k]), Shard)]
 
     def _couple(self, group, requests, memo, depth, after=()):
         """One :class:`~tmpi_adapters.core.ops.Couple` for ``group``."""
@@ -279,9 +279,9 @@ def _rebuild(variables, memo):
 
 def refusal_error(key, refusal, size=2):
     """The error for a step whose rows meet where tmpi cannot make them exact."""
-    from tmpi_adapters.graphs.rows import _made_at
+    from tmpi_adapters.graphs.pending import made_at
     node = refusal.node
-    where = _made_at(node) if node is not None else ""
+    where = made_at(node) if node is not None else ""
     what = type(node.op).__name__ if node is not None else "an expression"
     return ConfigError(
         "%s: the rows of its batch meet in %s%s, where %s, so %d ranks cannot compute what "

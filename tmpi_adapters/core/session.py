@@ -360,7 +360,7 @@ class Session:
         window = getattr(self, "_rows_window", None)
         if window is None:
             import theano
-            from tmpi_adapters.graphs.rows import ROWS_WINDOW
+            from tmpi_adapters.graphs.marks import ROWS_WINDOW
             window = self._rows_window = theano.shared(
                 np.array([0, 1, 1, 1], dtype="int64"), name=ROWS_WINDOW)
         return window

@@ -15,7 +15,7 @@ Ops) only once a training function is compiled.
 """
 import numpy as np
 
-from tmpi_adapters.graphs.marks import ancestors
+from tmpi_adapters.graphs import ancestors
 from tmpi_adapters.graphs.terms import Differs, alike_terms
 
 #: ``--overlap``'s largest part, in bytes of gradients, unless ``--bucket-bytes`` says.

@@ -38,7 +38,7 @@ from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.pluginmanager import hookimpl
 from tmpi_adapters.core.protocol import ModelProtocol
 from tmpi_adapters.frameworks.base import imports_module
-from tmpi_adapters.graphs.marks import is_marker
+from tmpi_adapters.graphs import is_marker
 from tmpi_adapters.frameworks.random_streams import (RowSplitFunction, RowSplitStreams,
                                                      is_random_streams, random_rows)
 from tmpi_adapters.frameworks.theano import TheanoAdapter

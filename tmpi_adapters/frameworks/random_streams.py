@@ -40,7 +40,7 @@ import inspect
 import numpy as np
 
 from tmpi_adapters.core.function import DistributedFunction
-from tmpi_adapters.graphs.rows import NOISE_WINDOW
+from tmpi_adapters.graphs.marks import NOISE_WINDOW
 
 #: The drawing methods split, per streams class: ``(module, class, names)``.
 _STREAMS = (("theano.sandbox.rng_mrg", "MRG_RandomStreams", ("uniform", "binomial", "normal")),

@@ -39,7 +39,7 @@ import itertools
 import sys
 
 from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
-from tmpi_adapters.graphs.marks import ancestors, is_marker
+from tmpi_adapters.graphs import ancestors, is_marker
 from tmpi_adapters.core.combine import Combiner
 from tmpi_adapters.graphs.outputs import classify
 from tmpi_adapters.core.protocol import ModelProtocol, variable_name

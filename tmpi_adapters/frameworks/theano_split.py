@@ -14,10 +14,11 @@ import inspect
 
 from tmpi_adapters.graphs.fixedbatch import FixedBatch, reshape_inputs
 from tmpi_adapters.core.function import SplitFunction
-from tmpi_adapters.graphs.marks import ancestors
+from tmpi_adapters.graphs import ancestors
 from tmpi_adapters.graphs.layout import Layout, describe
 from tmpi_adapters.core.combine import Combiner
 from tmpi_adapters.graphs.outputs import KINDS, classify, ratio_of
+from tmpi_adapters.graphs.marks import Shard
 from tmpi_adapters.graphs.rows import Rows
 from tmpi_adapters.core.split import analyse
 from tmpi_adapters.errors import ConfigError, TmpiError
@@ -36,7 +37,8 @@ def row_axes(rows, outputs):
     axes = []
     for output in outputs:
         mark, sized = rows(output), rows.batch_axes(output)
-        axes.append(mark if isinstance(mark, int) else (sized[0] if len(sized) == 1 else 0))
+        axes.append(mark.axis if isinstance(mark, Shard) else
+                    (sized[0] if len(sized) == 1 else 0))
     return axes
 
 
@@ -73,7 +75,6 @@ def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_p
     (else ``None``)."""
     import theano
     from tmpi_adapters.core.coupling import CoupledStep
-    from tmpi_adapters.graphs.rows import Rows
     session = adapter.session
     graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
     graph += [expr for _, expr in update_pairs]

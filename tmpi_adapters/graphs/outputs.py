@@ -44,8 +44,8 @@ import math
 
 import numpy as np
 
-from tmpi_adapters.graphs.marks import ancestors
-from tmpi_adapters.graphs.rows import SAME, SHAPE
+from tmpi_adapters.graphs import ancestors
+from tmpi_adapters.graphs.marks import SAME, SHAPE, Shard
 
 KINDS = ("mean", "sum", "max", "min", "same", "rows")
 #: The suffixes of a variable's name that say how it combines.
@@ -82,7 +82,7 @@ def classify(variable, data, default="mean", rows=None, strict=True):
         return "same"
     if rows is not None:
         mark = rows(variable)
-        if isinstance(mark, int) and getattr(variable, "ndim", 0):
+        if isinstance(mark, Shard) and getattr(variable, "ndim", 0):
             return "rows"
     kind = _reduced_kind(variable, data, rows)
     if kind is None and rows is not None and not strict:
@@ -169,7 +169,7 @@ def _reduced_kind(variable, data, rows, depth=0, batch_axes=None):
         axes = getattr(op, "axis", None)
         if rows is not None:
             mark = rows(source)
-            if not isinstance(mark, int) or (axes is not None and mark not in axes):
+            if not isinstance(mark, Shard) or (axes is not None and mark.axis not in axes):
                 return None
         elif batch_axes is not None and axes is not None and \
                 not set(batch_axes(source)) & set(axes):

@@ -1,37 +1,18 @@
 """The one row analysis of a function's graph: what each value is, row by row.
 
-Under strong scaling each rank runs rows ``[lo, hi)`` of every global batch
-of ``N`` rows.  For each variable of a function's graph (outputs, updates,
-and the gradients Theano built for them) :class:`Rows` proves what a rank's
-local computation of it is, as a *mark*:
+For each variable of a function's graph (outputs, updates, and the
+gradients Theano built for them) :class:`Rows` proves what a rank's local
+computation of it is, as a mark (:mod:`.marks`: ``Shard(axis)``, a partial
+sum, a whole value, a size, ...).
 
-``int k`` (rows)
-    the local value is rows ``[lo, hi)`` of the one-process value along axis
-    ``k`` (an axis that merges rows with other axes, ``(B*T, d)``, holds the
-    rank's rows contiguously): predictions, per-row losses, activations.
-:data:`SAME`
-    computed without the batch: parameters, constants.
-:data:`SHAPE`
-    computed from the batch's sizes only (``x.shape[0]``, a mean's divisor):
-    its one-process value is the same expression of the global sizes.
-:data:`SUM`, :data:`MAX`, :data:`MIN` (partial)
-    the one-process value is the sum (maximum, minimum) over ranks of the
-    local values: a sum over rows, ``dot(x.T, delta)``, a gradient.
-:data:`REPL`
-    the one-process value itself, the same on every rank, computed from
-    values made whole by collectives.
-:data:`DRAW`
-    a random draw made for the whole batch, of which a rank keeps its rows.
-:data:`MIXED`
-    the rows meet in a way the reading does not make exact (strict reading).
-
-The marks come from one walk over the graph in topological order; each
-node's rule says what its outputs are from its inputs' marks, and, in the
-*converting* reading (``convert=True``, a training step), what each input
-must be turned into first:
+The marks come from one walk over the graph in topological order.  Each
+node is read by the rule its op has in the registry (:mod:`.registry`, the
+rules in :mod:`.ops`), which says what each input must be made into first
+and which mark each output gets; the engine here makes the conversions, in
+the *converting* reading (``convert=True``, a training step):
 
 * made whole (:meth:`Rows.replicated`): rows are gathered, partial values
-  reduced (each a *request*, a :class:`Pending` node that
+  reduced (each a *request*, a :class:`~.pending.Pending` node that
   :mod:`tmpi_adapters.core.coupling` turns into collectives), a size
   expression is rebuilt from the global sizes (free);
 * cut to the rank's rows (:meth:`Rows.rows_of`): a whole value that meets
@@ -41,28 +22,35 @@ must be turned into first:
 Rows meet where the rule says so: reductions over the row axis (partial),
 products over it (``dot(h.T, d)``: partial), and everything else that mixes
 rows (a row picked by index, ``h hᵀ``, a reshape that pairs rows, a scan
-over rows, ops the walk does not know): there every input is made whole and
-the op runs on the whole batch (:data:`REPL`).  So the converted graph
-computes the one-process value of everything, whatever the step does; where
-no rows meet it costs nothing but the step's one exchange.
+over rows): there every input is made whole and the op runs on the whole
+batch.  An op with no rule is read the same way, and named.  So the
+converted graph computes the one-process value of everything, whatever the
+step does; where no rows meet it costs nothing but the step's one exchange.
 
 The strict reading (``convert=False``) makes no conversion: a node that
-would need one is :data:`MIXED`.  Split evaluations use it (what they
-return is combined after the call: :mod:`tmpi_adapters.graphs.outputs`).
+would need one is :data:`~.marks.MIXED`.  Split evaluations use it (what
+they return is combined after the call: :mod:`.outputs`).
+
+The engine reads, in this order: a node computed without the batch keeps
+it (:data:`~.marks.SAME`); one with a :data:`~.marks.MIXED` input is mixed;
+one computed from the batch's sizes alone is read by the sizes rule
+(:func:`.ops.shapes.sizes_only`), unless its own rule reads sizes itself;
+every other node by its rule.
 
 Reshapes are read from the sizes where the graph shows them
-(:mod:`tmpi_adapters.graphs.layout`); others are decided by running the
-function's shapes on the first split call (:mod:`.fixedbatch`), handed in as
-``reshapes``.  Theano is imported when a :class:`Rows` is made.
+(:mod:`.layout`); others are decided by running the function's shapes on
+the first split call (:mod:`.fixedbatch`), handed in as ``reshapes``.
+Theano is imported when a :class:`Rows` is made.
 """
-from tmpi_adapters.graphs.rowmarks import (  # noqa: F401 - the marks, read with the analysis
-    DRAW, MAX, MIN, MIXED, NOISE_WINDOW, PARTIAL, REPL, ROWS_WINDOW, SAME, SHAPE, SUM,
-    Coupling, Refusal, Request, _constant, _counts_rows, _keeps_rank_rows, _like, _made_at,
-    _shape_entry, _Strict, _what, is_pending, name_of, pending_op)
-from tmpi_adapters.graphs.rowrules import RowRules
+from tmpi_adapters.graphs import ops
+from tmpi_adapters.graphs.marks import DRAW, MIXED, REPL, SAME, SHAPE, SUM, Shard
+from tmpi_adapters.graphs.patterns import like, zero
+from tmpi_adapters.graphs.pending import (Coupling, Refusal, Request, Strict, made_at,
+                                          pending_op, what_is_made_whole)
+from tmpi_adapters.graphs.registry import KEEP, Signature, rule_for, whole
 
 
-class Rows(RowRules):
+class Rows:
     """The row marks of every variable of ``layout``'s graph (see module doc).
 
     Parameters
@@ -83,6 +71,16 @@ class Rows(RowRules):
         ``{label: Rewrite}``: the constant shapes made a rank's own.
     convs : bool
         Drop the batch size convolutions declare (they run on a share).
+    local_rows : Variable, optional
+        An int64 scalar: this rank's rows in a call (for rewritten reshapes).
+    marks : dict, optional
+        Marks known before the walk (a scan's inner inputs).
+    gradients : dict, optional
+        ``{GradientMarker node: position}``: the step's gradients, in
+        exchange order.
+    probe : bool
+        Reshapes neither the sizes nor ``reshapes`` decide are assumed to
+        keep the rows on axis 0 (a call decides before any split step runs).
 
     Calling it with a variable returns the variable's mark.  In the
     converting reading :meth:`local` gives the variable of the converted
@@ -97,36 +95,34 @@ class Rows(RowRules):
         self.convert = convert
         self.window = window
         self.reshapes = dict(reshapes or {})
-        #: ``label -> Rewrite`` of reshapes to constant shapes (:mod:`.fixedbatch`)
         self.rewrite = dict(rewrite or {})
         self.convs = convs
-        #: an int64 scalar: this rank's rows in a call (for rewritten reshapes)
         self.local_rows = local_rows
-        #: ``{GradientMarker node: position}``: the step's gradients, in exchange order
         self.gradients = dict(gradients or {})
+        self.probe = probe
         self.marks = dict(marks or {})
+        #: ``variable -> its form in the converted graph`` (where it differs)
         self.forms = {}
         self.requests = []
         self.couplings = []
         #: reshapes whose rows neither the sizes nor ``reshapes`` decided
         self.undecided = []
-        #: such reshapes are assumed to keep the rows on axis 0 (a call will
-        #: decide before any split step runs), not made whole
-        self.probe = probe
         #: the node where a conversion was refused, and why
         self.refusal = None
+        #: rows computed from the batch's sizes alone (``ones_like(x)``, ``arange(n)``)
+        self.sized = set()
+        #: ``ARange(0, n)`` of the rows: its local positions
+        self.positions = {}
         self._whole = {}
         self._global = {}
         self._cut = {}
-        self._sized = set()          # row values computed from the batch's sizes alone
-        self._positions = {}         # ARange(0, n) of the rows: its local positions
         self._zero = {}
         self._levels = {}
         for variable in layout.data:
             axis = layout.axis(variable)
-            self.marks.setdefault(variable, SAME if axis is None else axis)
+            self.marks.setdefault(variable, SAME if axis is None else Shard(axis))
         for node in layout.nodes:
-            self._visit(node)
+            self.visit(node)
 
     # -- reading ------------------------------------------------------------------
     def __call__(self, variable):
@@ -143,14 +139,30 @@ class Rows(RowRules):
         """``variable`` in the converted graph (its rank's value, as its mark says)."""
         return self.forms.get(variable, variable)
 
+    def level(self, variable):
+        """How many collectives, one after the other, the converted graph runs
+        before ``variable``'s value exists (0: none)."""
+        return self._levels.get(variable, 0)
+
+    def is_zero(self, variable):
+        """True for a value that is zero everywhere (``zeros_like``, ``alloc(0)``)."""
+        if variable not in self._zero:
+            self._zero[variable] = zero(variable)
+        return self._zero[variable]
+
+    def is_sized_rows(self, variable):
+        """True for rows computed from the batch's sizes alone."""
+        return isinstance(self(variable), Shard) and variable in self.sized
+
     # -- the walk ------------------------------------------------------------------
-    def _visit(self, node):
+    def visit(self, node):
+        """Mark ``node``'s outputs (and, converting, build their forms)."""
         ins = [self(v) for v in node.inputs]
         n = len(node.outputs)
         if all(m is SAME for m in ins):
             # (A size of a whole value is SAME, but read from the converted graph.)
             changed = any(v in self.forms for v in node.inputs)
-            self._set(node, [SAME] * n, self._apply(node, [self.local(v) for v in node.inputs])
+            self._set(node, [SAME] * n, self.apply(node, [self.local(v) for v in node.inputs])
                       if changed else None)
             return
         if MIXED in ins:
@@ -158,8 +170,8 @@ class Rows(RowRules):
             return
         made = len(self.requests)
         try:
-            marks, forms = self._rule(node, ins)
-        except _Strict:
+            marks, forms = self.read(node, ins)
+        except Strict:
             marks, forms = [MIXED] * n, None
         except Refusal as refusal:
             if self.refusal is None:
@@ -167,10 +179,40 @@ class Rows(RowRules):
             marks, forms = [MIXED] * n, None
         self._set(node, marks, forms, made)
 
-    def level(self, variable):
-        """How many collectives, one after the other, the converted graph runs
-        before ``variable``'s value exists (0: none)."""
-        return self._levels.get(variable, 0)
+    def read(self, node, ins, sized=True):
+        """``(marks, forms)`` of ``node`` whose inputs have the marks ``ins``."""
+        found = rule_for(node.op)
+        if sized and getattr(found, "sizes", True) and all(
+                m is SAME or m == SHAPE or (isinstance(m, Shard) and v in self.sized)
+                for m, v in zip(ins, node.inputs)):
+            result = ops.shapes.sizes_only(self, node, ins)
+        elif found is None:
+            result = whole(node, "%s, an op tmpi has no rule for" % node.op)
+        else:
+            result = found(self, node, ins)
+        return self.take(node, result)
+
+    def take(self, node, result):
+        """``(marks, forms)`` of a rule's ``result``: a :class:`Signature`'s
+        inputs converted and the op applied, or the rule's own."""
+        if not isinstance(result, Signature):
+            return result
+        inputs = [self.placed(v, placement, node, result.what)
+                  for v, placement in zip(node.inputs, result.inputs)]
+        return list(result.outputs), self.apply(node, inputs, result.op)
+
+    def placed(self, variable, placement, node=None, what=None):
+        """``variable`` in the converted graph as ``placement`` (see
+        :mod:`.registry`) asks."""
+        if placement is KEEP:
+            return self.local(variable)
+        if placement == REPL:
+            return self.replicated(variable, node, what)
+        if placement == SHAPE:
+            return self.global_value(variable)
+        if isinstance(placement, Shard):
+            return self.rows_of(variable, placement.axis)
+        raise ValueError("no placement %r" % (placement,))
 
     def _set(self, node, marks, forms=None, made=0):
         # This node's outputs wait for its inputs' collectives and its own requests.
@@ -182,10 +224,10 @@ class Rows(RowRules):
             if forms is not None and forms[k] is not None and forms[k] is not variable:
                 form = forms[k]
                 if form.type != variable.type:
-                    form = _like(form, variable)
+                    form = like(form, variable)
                 self.forms.setdefault(variable, form)
 
-    def _apply(self, node, inputs, op=None):
+    def apply(self, node, inputs, op=None):
         """The outputs of ``node`` (or ``op``) applied to ``inputs``: the
         node's own where nothing changed."""
         op = node.op if op is None else op
@@ -201,11 +243,6 @@ class Rows(RowRules):
                 fresh.tag.trace = old.tag.trace
         return list(new.outputs)
 
-    def _whole_inputs(self, node, ins, what=None):
-        """Every input made whole; the node runs on the whole batch."""
-        inputs = [self.replicated(v, node, what) for v in node.inputs]
-        return [REPL] * len(node.outputs), self._apply(node, inputs)
-
     # -- conversions -----------------------------------------------------------------
     def replicated(self, variable, node=None, what=None, gradient=None):
         """``variable``'s one-process value on every rank (a form of the
@@ -213,24 +250,25 @@ class Rows(RowRules):
         mark = self(variable)
         if mark is SAME or mark == REPL:
             return self.local(variable)
-        if mark == SHAPE or (isinstance(mark, int) and variable in self._sized):
+        if mark == SHAPE or self.is_sized_rows(variable):
             return self.global_value(variable)
         if not self.convert:
-            raise _Strict()
-        if isinstance(mark, int) and self._is_zero(variable):
-            return self._zeros(variable, mark)
+            raise Strict()
+        if isinstance(mark, Shard) and self.is_zero(variable):
+            return self._zeros(variable, mark.axis)
         if mark == DRAW or mark == MIXED:
             raise Refusal(node, "a random draw shaped like the batch's rows that is not drawn "
                                 "for the whole batch")
         key = (variable, gradient)
         if key in self._whole:
             return self._whole[key]
-        kind = "gather" if isinstance(mark, int) else mark[1:]
-        op = pending_op()(kind, mark if isinstance(mark, int) else None)
+        axis = mark.axis if isinstance(mark, Shard) else None
+        kind = "gather" if axis is not None else mark.op
+        op = pending_op()(kind, axis)
         output = op(self.local(variable))
         request = Request(kind, op.axis, variable, output, gradient)
-        request.coupling = Coupling(kind, _what(kind, node, what, variable),
-                                    _made_at(node if node is not None else variable.owner))
+        request.coupling = Coupling(kind, what_is_made_whole(kind, what),
+                                    made_at(node if node is not None else variable.owner))
         self.requests.append(request)
         self.couplings.append(request.coupling)
         self._whole[key] = output
@@ -248,14 +286,14 @@ class Rows(RowRules):
                                                                      variable.broadcastable)
         return self._cut[(variable, "zeros")]
 
-    def _partial_or_zero(self, variable):
+    def partial_or_zero(self, variable):
         """A linear op's input: a partial sum as it is, a zero made whole (a
         zero as long as the batch's rows is rebuilt from the global sizes),
         else ``None``."""
         mark = self(variable)
         if mark == SUM:
             return self.local(variable)
-        if self._is_zero(variable) and (mark is SAME or isinstance(mark, int)):
+        if self.is_zero(variable) and (mark is SAME or isinstance(mark, Shard)):
             return self.replicated(variable)
         return None
 
@@ -264,183 +302,43 @@ class Rows(RowRules):
         converted graph): its local value when it is rows there, else its
         whole value sliced (a value as long as the batch that is not split)."""
         mark = self(variable)
-        if mark == axis:
+        if mark == Shard(axis):
             return self.local(variable)
-        if not self.convert or isinstance(mark, int):
-            raise _Strict()
+        if not self.convert or isinstance(mark, Shard):
+            raise Strict()
         key = (variable, axis)
         if key not in self._cut:
             self._cut[key] = self._slice(self.replicated(variable), axis)
         return self._cut[key]
 
-    def _window(self):
+    def window_values(self):
         """``lo, hi`` and the global and local row counts, at least 1 each
         (read from the window, where the host keeps them: no integer
         ``maximum`` for a device's kernels to build)."""
         w = self.window
         return w[0], w[1], w[2], w[3]
 
-    def _slice(self, whole, axis):
+    def _slice(self, whole_value, axis):
         """Rows ``[lo, hi)`` of a whole value along ``axis`` (scaled when the
         axis holds several entries per row)."""
-        lo, hi, total, _ = self._window()
-        length = whole.shape[axis]
+        lo, hi, total, _ = self.window_values()
+        length = whole_value.shape[axis]
         index = (slice(None),) * axis + (slice(lo * length // total, hi * length // total),)
-        return whole[index]
+        return whole_value[index]
 
     def global_length(self, variable, axis):
         """The one-process length of a rows ``variable``'s ``axis``."""
-        _, _, total, local = self._window()
+        _, _, total, local = self.window_values()
         value = self.local(variable)
         return self.T.cast(value.shape[axis] * total // local, "int64")
 
     def global_value(self, variable):
         """A value computed from the batch's sizes, rebuilt from the global sizes."""
-        if variable in self._global:
-            return self._global[variable]
-        mark = self(variable)
-        node = variable.owner
-        if mark is SAME or node is None:
-            return self.local(variable)
-        if not self.convert:
-            raise _Strict()
-        name = name_of(node.op)
-        T = self.T
-        if name in ("Shape", "Shape_i"):
-            source = node.inputs[0]
-            axis = self(source)
-            local = self.local(source)
-            if not isinstance(axis, int):
-                result = self._apply(node, [local])[0]
-            elif name == "Shape_i":
-                result = self.global_length(source, node.op.i) if node.op.i == axis \
-                    else local.shape[node.op.i]
-            else:
-                result = T.stack([self.global_length(source, k) if k == axis else
-                                  T.cast(local.shape[k], "int64") for k in range(local.ndim)])
-            result = T.cast(result, variable.dtype)
-        elif name == "ARange" and variable in self._positions:
-            result = self._apply(node, [self.global_value(v) for v in node.inputs])[0]
-        elif name == "Elemwise" and type(node.op.scalar_op).__name__ == "Second" and \
-                isinstance(self(node.inputs[0]), int) and node.inputs[0] not in self._sized:
-            # b shaped like rows a: only a's global shape is needed, not its values.
-            a, b = node.inputs
-            axis, local = self(a), self.local(a)
-            shape = [self.global_length(a, k) if k == axis else local.shape[k]
-                     for k in range(a.ndim)]
-            value = self.global_value(b) if self(b) == SHAPE else self.local(b)
-            result = T.patternbroadcast(T.alloc(T.cast(value, variable.dtype), *shape),
-                                        variable.broadcastable)
-        else:
-            inputs = [self.global_value(v) if self(v) == SHAPE or v in self._sized
-                      else self.replicated(v) for v in node.inputs]
-            result = self._apply(node, inputs)[node.outputs.index(variable)]
-        self._global[variable] = result
-        return result
-
-    # -- the rules ----------------------------------------------------------------------
-    def _shape(self, node, ins):
-        source = ins[0]
-        if isinstance(source, int):
-            if name_of(node.op) == "Shape_i" and node.op.i != source:
-                return [SAME], [self.local(node.inputs[0]).shape[node.op.i]
-                                if node.inputs[0] in self.forms else None]
-            return [SHAPE], self._apply(node, [self.local(node.inputs[0])])
-        if source == DRAW:
-            return [SAME], self._apply(node, [self.local(node.inputs[0])])
-        # The shape of a partial or whole value is the same on every rank.
-        return [SAME], self._apply(node, [self.local(node.inputs[0])])
-
-    def _sizes_only(self, node, ins):
-        """A node that reads the batch's sizes only: a size (SHAPE), a value
-        uniform along the rows (``ones_like(x)``, ``zeros((n, d))``), the
-        rows' positions (``arange(n)``), or anything else rebuilt whole.  Such
-        rows are made whole without a collective: rebuilt from the global sizes."""
-        name = name_of(node.op)
-        inputs = [self.local(v) for v in node.inputs]
-        if name == "Subtensor" and _keeps_rank_rows(self, node):
-            return [0], self._apply(node, inputs)
-        if name == "ARange":
-            return self._arange(node, ins)
-        if name == "Subtensor" and ins[0] == SHAPE and _shape_entry(self, node) is False:
-            return [SAME], self._apply(node, inputs)
-        if any(isinstance(m, int) for m in ins):
-            # Rows built from sizes, transformed: the ordinary rules, still sized;
-            # reduced over the rows, a value of the sizes alone (a count of rows).
-            marks, forms = self._rule(node, ins, sized=False)
-            for k, (variable, mark) in enumerate(zip(node.outputs, marks)):
-                if isinstance(mark, int):
-                    self._sized.add(variable)
-                elif mark in PARTIAL and self.convert:
-                    marks[k] = SHAPE
-                    forms[k] = self.global_value(variable)
-            return marks, forms
-        marks = []
-        for variable in node.outputs:
-            axes = self.batch_axes(variable)
-            if name in ("Alloc", "AllocEmpty"):
-                # zeros((x.shape[0], n)): an axis as long as some value's rows.
-                dims = node.inputs[1:] if name == "Alloc" else node.inputs
-                axes = sorted(set(axes) | {j for j, d in enumerate(dims)
-                                           if _counts_rows(self, d)})
-            if not axes:
-                marks.append(SHAPE)
-            elif len(axes) == 1 and name in ("Alloc", "AllocEmpty"):
-                marks.append(axes[0])
-                self._sized.add(variable)
-            else:
-                marks.append(REPL)
-        forms = self._apply(node, inputs)
-        for k, variable in enumerate(node.outputs):
-            if marks[k] == REPL:
-                if not self.convert:
-                    raise _Strict()
-                forms[k] = self.global_value(variable)
-        return marks, forms
-
-    def _arange(self, node, ins):
-        """``arange(start, stop)`` whose length is the rows': rows of the
-        one-process ``arange``; its local positions kept for picking rows."""
-        start, stop, step = node.inputs
-        out = node.outputs[0]
-        positions = self._apply(node, [self.local(v) for v in node.inputs])[0]
-        if (self.batch_axes(out) == [0] or _counts_rows(self, stop)) and ins[0] is SAME \
-                and _constant(start) == 0 and _constant(step) == 1:
-            self._sized.add(out)
-            self._positions[out] = positions
+        if variable not in self._global:
+            mark = self(variable)
+            if mark is SAME or variable.owner is None:
+                return self.local(variable)
             if not self.convert:
-                return [0], [positions]
-            # This rank's rows of the whole arange: offset by the entries before them.
-            local_stop = self.local(stop)
-            offset = self.T.cast(self.window[0], local_stop.dtype) * local_stop // \
-                self.T.cast(self.window[3], local_stop.dtype)
-            return [0], [self.T.arange(offset, local_stop + offset, dtype=out.dtype)]
-        if not self.batch_axes(out):
-            return [SHAPE], [positions]
-        if not self.convert:
-            raise _Strict()
-        return [REPL], [self.global_value(out)]
-
-    def _draw(self, node, ins):
-        """A random op.  Drawn for the whole batch on every rank, as tmpi draws
-        (its size reads the :data:`NOISE_WINDOW`): the one-process draw,
-        whole; drawn from the batch's values or shaped like a rank's rows
-        some other way: drawn again from the whole batch's sizes and values
-        (converting), or :data:`DRAW` (strict: not split)."""
-        from theano.gof.graph import inputs as graph_inputs
-        window = any(getattr(v, "name", None) == NOISE_WINDOW
-                     for v in graph_inputs(list(node.inputs)))
-        local = self._apply(node, [self.local(v) for v in node.inputs])
-        if window and not any(isinstance(m, int) and v not in self._sized or m in PARTIAL
-                              for m, v in zip(ins, node.inputs)):
-            return [REPL] * len(node.outputs), local
-        if not self.convert:
-            return [DRAW] * len(node.outputs), local
-        # Any other draw shaped by the batch (a permutation of its rows, a draw from
-        # its values): every rank draws the whole batch's numbers from the same
-        # generator state, which then advances as in one process (the generator's
-        # update is converted with the step).
-        inputs = [self.global_value(v) if m == SHAPE else self.replicated(v, node)
-                  for m, v in zip(ins, node.inputs)]
-        return [REPL] * len(node.outputs), self._apply(node, inputs)
-
+                raise Strict()
+            self._global[variable] = ops.shapes.rebuilt(self, variable)
+        return self._global[variable]

@@ -13,7 +13,7 @@ Where a step mixes the rows, or the scan iterates over the rows themselves,
 :func:`read_scan` answers ``None`` and the row analysis runs the scan on the
 whole batch.
 """
-from tmpi_adapters.graphs.rowmarks import MIXED, PARTIAL, REPL, SAME, SHAPE, SUM
+from tmpi_adapters.graphs.marks import MIXED, PARTIAL, REPL, SAME, SHAPE, SUM, Shard
 
 #: How often the states' marks are read again before giving up.
 _ROUNDS = 4
@@ -40,16 +40,16 @@ def read_scan(rows, node, ins):
     start = {}
     for v in seqs:
         m = mark[v]
-        if isinstance(m, int) and m == 0 or m in PARTIAL or m == SHAPE:
+        if m == Shard(0) or m in PARTIAL or m == SHAPE:
             return None
-        start[v] = m - 1 if isinstance(m, int) else m
+        start[v] = _shifted(m, -1)
     states = [(v, len(taps)) for v, taps in zip(mitmot, op.mitmot_taps())] + \
         [(v, len(taps)) for v, taps in zip(mitsot, op.mitsot_taps())] + [(v, 1) for v in sitsot]
     for v, _ in states:
         m = mark[v]
-        if isinstance(m, int) and m == 0 or m == SHAPE or m in PARTIAL and m != SUM:
+        if m == Shard(0) or m == SHAPE or m in PARTIAL and m != SUM:
             return None
-        start[v] = m - 1 if isinstance(m, int) else m
+        start[v] = _shifted(m, -1)
     for v in shared:
         if mark[v] is not SAME:
             return None
@@ -57,7 +57,7 @@ def read_scan(rows, node, ins):
     for v in non_seqs:
         m = mark[v]
         start[v] = REPL if m in PARTIAL or m == SHAPE else m
-    zero = {v: rows._is_zero(v) for v, _ in states}
+    zero = {v: rows.is_zero(v) for v, _ in states}
     for v, _ in states:
         if zero[v] and start[v] is SAME:
             start[v] = SUM      # most likely a gradient summed over the steps; else read again
@@ -90,7 +90,7 @@ def read_scan(rows, node, ins):
     per_output = _outer_output_marks(op, out_marks)
     for k, m in enumerate(per_output):
         if k < n_state_outs:
-            marks.append(m + 1 if isinstance(m, int) else m)
+            marks.append(_shifted(m, 1))
         else:
             marks.append(m)
     inputs = [rows.local(outer[0])]
@@ -107,11 +107,16 @@ def read_scan(rows, node, ins):
     return marks, inputs
 
 
+def _shifted(mark, by):
+    """A mark with its rows' axis moved by ``by`` (a step's slice loses the time axis)."""
+    return Shard(mark.axis + by) if isinstance(mark, Shard) else mark
+
+
 def _outer_form(rows, variable, inner_mark, shift, node):
     """The outer input as the converted graph gives it to the scan."""
     mark = rows(variable)
-    if isinstance(inner_mark, int):
-        return rows.rows_of(variable, inner_mark + shift)
+    if isinstance(inner_mark, Shard):
+        return rows.rows_of(variable, inner_mark.axis + shift)
     if inner_mark == SUM:
         return rows.local(variable)
     if inner_mark == REPL or mark == REPL:
@@ -130,11 +135,11 @@ def _settle(assumed, found, zero):
         return assumed
     if assumed is SAME and zero and m == SUM:
         return SUM             # zeros that accumulate partial sums
-    if assumed is SAME and (isinstance(m, int) or m == REPL):
+    if assumed is SAME and (isinstance(m, Shard) or m == REPL):
         return m               # a whole initial value, cut to the rows or kept whole
     if assumed == REPL and m is SAME:
         return REPL
-    if assumed == SUM and zero and (m is SAME or isinstance(m, int)):
+    if assumed == SUM and zero and (m is SAME or isinstance(m, Shard)):
         return m               # zeros that stay whole, or become rows
     return None
 
@@ -143,11 +148,11 @@ def _read_inner(analysis, op, inner_in, marks):
     """The strict row reading (``analysis``, the row analysis' class) of a
     scan's inner graph, its inputs marked."""
     from tmpi_adapters.graphs.layout import Layout
-    axes = {v: m for v, m in marks.items() if isinstance(m, int)}
+    axes = {v: m.axis for v, m in marks.items() if isinstance(m, Shard)}
     try:
         layout = Layout(inner_in, list(op.outputs), axes={v: axes.get(v) for v in inner_in})
         return analysis(layout, convert=False, marks={v: m for v, m in marks.items()
-                                                      if not isinstance(m, int)})
+                                                      if not isinstance(m, Shard)})
     except Exception:  # noqa: BLE001 - an inner graph the reading cannot follow
         return None
 

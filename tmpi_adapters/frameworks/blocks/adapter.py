@@ -46,7 +46,7 @@ import importlib
 import sys
 
 from tmpi_adapters.core.function import DistributedFunction
-from tmpi_adapters.graphs.marks import is_marker
+from tmpi_adapters.graphs import is_marker
 from tmpi_adapters.errors import TmpiError
 from tmpi_adapters.frameworks.blocks.functions import BlocksTrainingFunction, SplitEvaluation
 from tmpi_adapters.frameworks.blocks.model import BlocksModel, loop_shape

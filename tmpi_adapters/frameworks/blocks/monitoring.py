@@ -22,7 +22,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from tmpi_adapters.graphs.marks import ancestors
+from tmpi_adapters.graphs import ancestors
 
 
 #: One monitoring accumulator that holds this rank's share.  ``additive``:

@@ -53,7 +53,7 @@ import numpy as np
 
 from tmpi_adapters.core.batches import batch_rows
 from tmpi_adapters.core.function import DistributedFunction, ObservedFunction
-from tmpi_adapters.graphs.marks import ancestors
+from tmpi_adapters.graphs import ancestors
 from tmpi_adapters.errors import ConfigError, TmpiError
 from tmpi_adapters.frameworks.keras import feeding
 from tmpi_adapters.frameworks.keras.evaluation import rows_meet

@@ -24,7 +24,8 @@ def rows_meet(model, keras_function, compiled):
     metrics and their updates), in words; ``""`` where a split evaluation
     gives the one-process values (see the module doc)."""
     from tmpi_adapters.graphs.layout import Layout
-    from tmpi_adapters.graphs.rows import MIXED, Rows
+    from tmpi_adapters.graphs.marks import MIXED
+    from tmpi_adapters.graphs.rows import Rows
     inputs = [i.variable for i in getattr(getattr(compiled, "maker", None), "inputs", ())
               if not getattr(i, "implicit", False)]    # not the shared variables
     if not inputs:
@@ -50,7 +51,7 @@ def rows_meet(model, keras_function, compiled):
 def _meets(rows, variable):
     """True when a :data:`MIXED` ``variable`` is not a linear combination of
     ratios of partial sums and accumulators plus partial sums."""
-    from tmpi_adapters.graphs.rows import MIXED, PARTIAL, SAME, SHAPE
+    from tmpi_adapters.graphs.marks import MIXED, PARTIAL, SAME, SHAPE
     from theano import scalar
     from theano.tensor.elemwise import CAReduce, DimShuffle, Elemwise
     whole = (SAME, SHAPE)

@@ -141,8 +141,11 @@ def test_record_names_the_collectives_where_rows_meet(tmp_path):
 def test_batches_grouped_masked_scanned_or_features_first_give_the_one_process_numbers():
     """128 rows on 3 ranks: shares of 43, 43 and 42, so consecutive pairs
     cross a share (gathered there); a scan over the rows, a boolean mask, a
-    features-first layout (the batch on axis 1)."""
-    names = ["pairs_minus_one", "scan_rows_target", "boolean_mask", "features_first"]
+    features-first layout (the batch on axis 1); rows repeated (two entries a
+    row) with a draw shaped like them, made for the whole batch.  A draw shaped
+    like rows tiled across the shares is refused before the first step."""
+    names = ["pairs_minus_one", "scan_rows_target", "boolean_mask", "features_first",
+             "repeat_draw"]
     expected = cases(check(tmpi("wrap", "-n", "1", "--framework", "theano", LAYOUTS, "128",
                                 *names, env=python_env())).stdout)
     assert sorted(expected) == sorted(names)
@@ -154,3 +157,9 @@ def test_batches_grouped_masked_scanned_or_features_first_give_the_one_process_n
             got, want = [float(v) for v in found[case][1].split()], \
                 [float(v) for v in value.split()]
             assert all(same(a, b) for a, b in zip(got, want)), (ranks, case, got, want)
+    refused = tmpi("wrap", "-n", "2", "--framework", "theano", LAYOUTS, "128", "tile_draw",
+                   env=python_env())
+    assert refused.returncode != 0 and "final" not in refused.stdout, refused.stdout
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("tmpi: error")]
+    assert len(errors) == 1 and "row_layouts.py:" in errors[0] and \
+        "random draw" in errors[0] and "--scaling weak" in errors[0], refused.stderr

@@ -153,6 +153,11 @@ RULES = [
     case("max over features", lambda n: n.h.max(axis=1), Shard(0), Shard(0), []),
     case("argmax over features", lambda n: n.T.argmax(n.h, axis=1), Shard(0), Shard(0), []),
     case("positions of the rows", lambda n: n.T.arange(n.x.shape[0]), Shard(0), Shard(0), []),
+    # T.repeat(h, 2, axis=0): alloc (n, 2, d), reshape (2n, d): each row's copies
+    # together, so a rank's rows stay one block, two entries a row.
+    case("rows repeated", lambda n: n.T.repeat(n.h, 2, axis=0), Shard(0), Shard(0), []),
+    case("rows repeated, summed", lambda n: n.T.repeat(n.h, 3, axis=0).sum(axis=0), SUM, SUM,
+         []),
     # Reductions over the rows: partial on each rank.
     case("sum over rows", lambda n: n.h.sum(axis=0), SUM, SUM, []),
     case("sum over all", lambda n: n.h.sum(), SUM, SUM, []),

@@ -9,6 +9,8 @@
 ``boolean_mask``      ``h[T.nonzero(w > 0)]``: the rows a mask keeps;
 ``features_first``    ``x`` of shape (features, batch), targets (classes, batch);
 ``repeat_draw``       ``T.repeat(h, 2, axis=0)`` and a draw shaped like it.
+``tile_draw``         ``T.tile(h, (2, 1))`` (rows of every rank's share meet) and
+                      a draw shaped like it.
 
 Each prints ``final <case> <losses> <checksum of the parameters>``; N ranks
 must print the one-process numbers.
@@ -24,7 +26,7 @@ floatX = theano.config.floatX
 B = int(sys.argv[1])
 F, D, C = 5, 6, 3
 CASES = ("pairs_minus_one", "scan_rows_target", "boolean_mask", "features_first",
-         "repeat_draw")
+         "repeat_draw", "tile_draw")
 
 
 def shared(rng, *shape, name):
@@ -56,6 +58,10 @@ def rows_first(name, W1, W2, x, y, inputs, args):
         inputs.append(w)
         args.append(np.where(np.arange(B) % 3 == 0, 0.0, 1.0).astype(floatX))
         return nll.mean() + T.mean(h[T.nonzero(w > 0)] ** 2)
+    if name == "tile_draw":
+        tiled = T.tile(h, (2, 1))
+        noise = MRG_RandomStreams(7).normal(tiled.shape, dtype=floatX)
+        return nll.mean() + T.mean((tiled + 0.1 * noise) ** 2)
     noise = MRG_RandomStreams(7).normal(T.repeat(h, 2, axis=0).shape, dtype=floatX)
     return nll.mean() + T.mean((T.repeat(h, 2, axis=0) + 0.1 * noise) ** 2)
 

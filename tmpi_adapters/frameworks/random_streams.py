@@ -50,35 +50,46 @@ _STREAMS = (("theano.sandbox.rng_mrg", "MRG_RandomStreams", ("uniform", "binomia
 class NoiseWindow:
     """Which rows of the whole batch a rank's draws are made for.
 
-    One shared int64 vector ``(a, b, c, d)``: for ``n`` local rows a draw is
-    made for ``a + b*n`` rows and rows ``[c + d*n, c + d*n + n)`` are kept.
+    One shared int64 vector ``(a, b, c, d, e)``: for a draw of ``n`` entries
+    on the rows' axis, ``e`` the rank's rows (``n = k*e`` for ``k`` entries a
+    row), a draw is made for ``a*n/e + b*n`` and entries
+    ``[c*n/e + d*n, ... + n)`` are kept.
 
-    ``(0, 1, 0, 0)`` (outside training steps): draw ``n``, keep all.
-    ``(rows, 0, lo, 0)`` (strong scaling): draw the whole batch, keep this rank's share.
-    ``(0, size, 0, rank)`` (weak scaling): ranks take distinct slabs of one draw.
+    ``(0, 1, 0, 0, 1)`` (outside training steps): draw ``n``, keep all.
+    ``(rows, 0, lo, 0, hi - lo)`` (strong scaling): draw for the whole batch,
+    keep this rank's share.
+    ``(0, size, 0, rank, 1)`` (weak scaling): ranks take distinct slabs of one draw.
     """
 
     def __init__(self):
         import theano
-        self.coefficients = theano.shared(np.array([0, 1, 0, 0], dtype="int64"),
+        self.coefficients = theano.shared(np.array([0, 1, 0, 0, 1], dtype="int64"),
                                           name=NOISE_WINDOW)
 
     def _set(self, *values):
         self.coefficients.set_value(np.array(values, dtype="int64"), borrow=True)
 
     def local(self):
-        self._set(0, 1, 0, 0)
+        self._set(0, 1, 0, 0, 1)
 
-    def whole_batch(self, rows, lo):
-        self._set(rows, 0, lo, 0)
+    def whole_batch(self, rows, lo, hi):
+        self._set(rows, 0, lo, 0, max(hi - lo, 1))
 
     def stacked(self, size, rank):
-        self._set(0, size, 0, rank)
+        self._set(0, size, 0, rank, 1)
 
     def draw_rows_and_offset(self, local_rows):
-        """Symbolic ``(rows to draw, first row kept)`` for ``local_rows`` rows."""
-        a, b, c, d = [self.coefficients[i] for i in range(4)]
-        return a + b * local_rows, c + d * local_rows
+        """Symbolic ``(rows to draw, first row kept)`` for a draw whose first
+        dimension is ``local_rows`` (``k`` entries for each of the rank's
+        ``e`` rows: ``T.repeat(h, k, axis=0)``'s; ``e`` is the window's last
+        entry, so the draw is made for ``k`` entries of every row of the
+        batch and keeps the rank's)."""
+        import theano.tensor as T
+        a, b, c, d, e = [self.coefficients[i] for i in range(5)]
+        # (A rank with no rows still draws for the whole batch, one entry a row,
+        # so that its generator advances as every other rank's.)
+        whole = T.switch(T.gt(local_rows, 0), a * local_rows // e, a)
+        return whole + b * local_rows, c * local_rows // e + d * local_rows
 
     def used_by(self, function):
         """True when the compiled Theano ``function`` reads this window."""
@@ -191,7 +202,7 @@ class RowSplitFunction(DistributedFunction):
         self._share = None   # (batch rows, first row) of the call being split
 
     def _local_call(self, args, kwargs, rows, bounds, lo, hi):
-        self._share = (rows, lo)
+        self._share = (rows, lo, hi)
         return super()._local_call(args, kwargs, rows, bounds, lo, hi)
 
     def _step(self, args, kwargs, weight, rows, batch=None, data=None):

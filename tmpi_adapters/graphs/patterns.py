@@ -123,25 +123,32 @@ def shape_entry(rows, node):
     return int(j) % max(source.ndim, 1) == mark.axis
 
 
-def keeps_rank_rows(rows, node):
-    """``draw[s:s + n]``, ``n`` the rank's rows and ``s`` read from the
-    :data:`NOISE_WINDOW`, of a value computed without the batch's values: a
-    random draw made for the whole batch of which each rank keeps its own
-    rows, so that row ``i`` is the one-process row ``i``'s.  (A script's own
-    ``pool[i:i + n]`` would give every rank the same rows: not per row.)"""
+def window_slice(node):
+    """The kept length ``n`` of a Subtensor ``draw[s:s + n]`` whose start
+    ``s`` reads the :data:`NOISE_WINDOW` (how tmpi keeps a rank's entries of
+    a draw made for the whole batch), else ``None``."""
     from theano.gof.graph import inputs
     from theano.tensor.subtensor import get_idx_list
     index = get_idx_list(node.inputs, node.op.idx_list)
     if not index or not isinstance(index[0], slice) or index[0].step is not None:
-        return False
+        return None
     start, stop = uncast(index[0].start), uncast(index[0].stop)
     owner = getattr(stop, "owner", None)
     if start is None or owner is None or type(owner.op).__name__ != "Elemwise" \
             or type(owner.op.scalar_op).__name__ != "Add" or len(owner.inputs) != 2 \
             or not any(getattr(v, "name", None) == NOISE_WINDOW for v in inputs([start])):
-        return False
+        return None
     first, second = owner.inputs
-    length = second if first is start else (first if second is start else None)
+    return second if first is start else (first if second is start else None)
+
+
+def keeps_rank_rows(rows, node):
+    """``draw[s:s + n]`` (:func:`window_slice`), ``n`` the rank's rows, of a
+    value computed without the batch's values: a random draw made for the
+    whole batch of which each rank keeps its own rows, so that row ``i`` is
+    the one-process row ``i``'s.  (A script's own ``pool[i:i + n]`` would
+    give every rank the same rows: not per row.)"""
+    length = window_slice(node)
     if length is None:
         return False
     return rows.layout.is_batch_size(rows.layout.resolve(length)) or counts_rows(rows, length)
@@ -195,12 +202,16 @@ def reshaped_axis(rows, node, k):
         if isinstance(size, tuple) and layout.is_batch_size(size):
             if list(after[:j]) == list(head) and all(s is not None and s != -1 for s in head):
                 return j
-    # (-1, *tail): the rows (and the axes after them up to the tail) merged in axis 0.
-    if k == 0 and after and after[0] == -1 and len(after) >= 1:
-        tail = list(after[1:])
-        if not tail or (len(tail) <= len(before) - 1 and list(before[len(before) - len(tail):])
-                        == tail and all(s is not None for s in tail)):
-            return 0
+    # (*head, -1 or unknown, *tail): the rows and the axes after them up to the
+    # tail merged in axis k (T.repeat(h, 2, axis=0)'s (n, 2, d) -> (2n, d)); a
+    # reshape keeps the size, so the unknown entry is that product.
+    if k < len(after) and after[k] in (-1, None) and list(after[:k]) == list(head) and \
+            all(s is not None and s != -1 for s in head):
+        tail = list(after[k + 1:])
+        if not tail or (len(tail) <= len(before) - k - 1 and
+                        list(before[len(before) - len(tail):]) == tail and
+                        all(s is not None and s != -1 for s in tail)):
+            return k
     return None
 
 
@@ -209,3 +220,25 @@ def index_text(index, k):
     if isinstance(entry, slice):
         return "a slice of the rows"
     return "one row"
+
+
+def reads_noise_window(variable):
+    """True when ``variable`` is computed from the noise window's values (a
+    shape read on the way, ``x.shape`` or ``second(x, v)``'s ``x``, is a
+    size, not a value: not followed)."""
+    seen, stack = set(), [variable]
+    while stack:
+        value = stack.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        if getattr(value, "name", None) == NOISE_WINDOW:
+            return True
+        node = value.owner
+        if node is None or name_of(node.op) in ("Shape", "Shape_i"):
+            continue
+        if name_of(node.op) == "Elemwise" and type(node.op.scalar_op).__name__ == "Second":
+            stack.append(node.inputs[1])
+        else:
+            stack.extend(node.inputs)
+    return False

@@ -43,11 +43,18 @@ the first split call (:mod:`.fixedbatch`), handed in as ``reshapes``.
 Theano is imported when a :class:`Rows` is made.
 """
 from tmpi_adapters.graphs import ops
+from tmpi_adapters.graphs.catalogue import name_of
 from tmpi_adapters.graphs.marks import DRAW, MIXED, REPL, SAME, SHAPE, SUM, Shard
-from tmpi_adapters.graphs.patterns import like, zero
+from tmpi_adapters.graphs.patterns import like, window_slice, zero
 from tmpi_adapters.graphs.pending import (Coupling, Refusal, Request, Strict, made_at,
                                           pending_op, what_is_made_whole)
 from tmpi_adapters.graphs.registry import KEEP, Signature, rule_for, whole
+
+
+def is_window_slice(node):
+    """True for the slice that keeps a rank's entries of a draw tmpi made for
+    the whole batch (it reads the noise window: never the same on every rank)."""
+    return name_of(node.op) == "Subtensor" and window_slice(node) is not None
 
 
 class Rows:
@@ -159,7 +166,7 @@ class Rows:
         """Mark ``node``'s outputs (and, converting, build their forms)."""
         ins = [self(v) for v in node.inputs]
         n = len(node.outputs)
-        if all(m is SAME for m in ins):
+        if all(m is SAME for m in ins) and not is_window_slice(node):
             # (A size of a whole value is SAME, but read from the converted graph.)
             changed = any(v in self.forms for v in node.inputs)
             self._set(node, [SAME] * n, self.apply(node, [self.local(v) for v in node.inputs])
@@ -182,7 +189,7 @@ class Rows:
     def read(self, node, ins, sized=True):
         """``(marks, forms)`` of ``node`` whose inputs have the marks ``ins``."""
         found = rule_for(node.op)
-        if sized and getattr(found, "sizes", True) and all(
+        if sized and getattr(found, "sizes", True) and not is_window_slice(node) and all(
                 m is SAME or m == SHAPE or (isinstance(m, Shard) and v in self.sized)
                 for m, v in zip(ins, node.inputs)):
             result = ops.shapes.sizes_only(self, node, ins)

@@ -145,7 +145,7 @@ class KerasEvaluation:
         local = cut_rows(args, rows, lo, hi)
         before = read_copies(self.accumulators)
         if self.window is not None:
-            self.window.whole_batch(rows, lo)
+            self.window.whole_batch(rows, lo, hi)
         try:
             outputs = self.fn(*local)
         finally:

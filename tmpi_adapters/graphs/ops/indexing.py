@@ -7,8 +7,9 @@ whole table (an embedding) are rows; one entry picked per row
 each rank's rows (an embedding's gradient) is a partial sum.
 """
 from tmpi_adapters.graphs.marks import DRAW, PARTIAL, REPL, SAME, SHAPE, SUM, Shard
-from tmpi_adapters.graphs.patterns import index_text, keeps_rank_rows, shape_entry
-from tmpi_adapters.graphs.pending import Refusal
+from tmpi_adapters.graphs.patterns import index_text, keeps_rank_rows, shape_entry, \
+    window_slice
+from tmpi_adapters.graphs.pending import Refusal, Strict
 from tmpi_adapters.graphs.registry import KEEP, Signature, kept, rule, whole
 
 _WHOLE = (SAME, REPL, SHAPE)
@@ -34,14 +35,21 @@ def subtensor(rows, node, ins):
     if keeps_rank_rows(rows, node):
         # A draw made for the whole batch: this rank keeps its own rows.
         return kept(node, [Shard(0)])
+    if window_slice(node) is not None:
+        # A draw tmpi made for the whole batch, shaped like a value whose length
+        # is not this rank's rows (rows gathered, T.tile's): not the one-process draw.
+        if not rows.convert:
+            raise Strict()
+        raise Refusal(node, "a random draw is shaped like a value whose rows are gathered "
+                            "across the ranks")
     if k == DRAW:
         raise Refusal(node, "a random draw shaped like the batch's rows, sliced")
+    index = get_idx_list(node.inputs, node.op.idx_list)
     if k == SHAPE:
         return kept(node, [SAME if shape_entry(rows, node) is False else SHAPE])
     if k == SUM and all(m in _WHOLE for m in ins[1:]):
         return Signature([KEEP] + indices, [SUM])
     if isinstance(k, Shard):
-        index = get_idx_list(node.inputs, node.op.idx_list)
         if _whole_axis(index, k.axis):
             return Signature([KEEP] + indices, [Shard(k.axis - _dropped_before(index, k.axis))])
         return whole(node, "particular rows of the batch (%s)" % index_text(index, k.axis))

@@ -8,7 +8,7 @@ value is rebuilt from the global sizes (:func:`rebuilt`), for free.
 from tmpi_adapters.graphs.catalogue import name_of
 from tmpi_adapters.graphs.marks import PARTIAL, REPL, SAME, SHAPE, SUM, Shard
 from tmpi_adapters.graphs.patterns import constant, counts_rows, keeps_rank_rows, \
-    reshaped_axis, shape_entry
+    reads_noise_window, reshaped_axis, shape_entry
 from tmpi_adapters.graphs.pending import Strict
 from tmpi_adapters.graphs.registry import KEEP, Signature, kept, rule, whole
 
@@ -103,6 +103,10 @@ def rebuilt(rows, variable):
     node = variable.owner
     name = name_of(node.op)
     T = rows.T
+    if reads_noise_window(variable):
+        # A count read from the noise window (how many rows a draw is made for)
+        # is the whole batch's already, on every rank.
+        return rows.local(variable)
     if name in ("Shape", "Shape_i"):
         source = node.inputs[0]
         mark = rows(source)
@@ -195,7 +199,30 @@ def join(rows, node, ins):
 
 @rule("Alloc")
 def alloc(rows, node, ins):
-    """A partial sum broadcast to a shape stays partial."""
+    """A partial sum broadcast to a shape stays partial.  Rows broadcast
+    along axes of constant lengths stay rows (``T.repeat(h, 2, axis=0)``
+    allocates ``h.dimshuffle(0, 'x', 1)`` to ``(n, 2, d)``), their axis as
+    long as the rank's rows."""
+    value, dims = node.inputs[0], node.inputs[1:]
     if ins[0] == SUM and all(m is SAME or m == SHAPE for m in ins[1:]):
         return Signature([KEEP] + [REPL] * (len(ins) - 1), [SUM])
+    if isinstance(ins[0], Shard):
+        k = ins[0].axis + len(dims) - value.ndim      # (alloc prepends axes)
+        if not value.broadcastable[ins[0].axis] and counts_rows(rows, dims[k]) and \
+                all(m is SAME for j, m in enumerate(ins[1:]) if j != k):
+            return kept(node, [Shard(k)])
     return whole(node)
+
+
+@rule("RepeatOp")
+def repeat(rows, node, ins):
+    """``T.repeat(h, k, axis)`` with one count ``k`` for every entry: the
+    copies of a row lie next to each other, so each rank's rows stay one
+    block (``k`` entries per row on the rows' axis); counts per entry mix
+    the rows' places."""
+    x, repeats = node.inputs
+    mark = ins[0]
+    if isinstance(mark, Shard) and repeats.ndim == 0 and ins[1] in (SAME, SHAPE) and \
+            node.op.axis is not None:
+        return Signature([KEEP, REPL], [mark])
+    return whole(node, "rows repeated by counts of their own")

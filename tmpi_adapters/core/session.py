@@ -408,12 +408,12 @@ class Session:
         ``axes``.  A rank whose rows do not count (a padding row, or every
         rank but rank 0 where each runs the whole call) gives nothing.
         ``described``: each value's expression and script line, for messages."""
+        from tmpi_adapters.exchangers.parts import Part, combine_parts
         begin = time.perf_counter()
         shares = self._shares()
         lo, hi = (getattr(self, "_rows_share", None) or (0, 1, 1, True))[:2]
         mine = max(hi - lo, 1)
-        counts_me = shares[self.rank][1]
-        parts, layouts = [], []
+        parts = []
         for k, (value, kind, axis) in enumerate(zip(values, kinds, axes)):
             value = np.asarray(value)
             if kind == "gather":
@@ -428,51 +428,15 @@ class Session:
                         "value. Run with --scaling weak so that each rank takes whole "
                         "batches."
                         % (key, what[0], value.shape[0], self.rank, mine))
-                sizes = [per_row * rows if counts else 0 for rows, counts in shares]
+                entries = [per_row * rows if counts else 0 for rows, counts in shares]
             else:
-                sizes = [1 if counts else 0 for _, counts in shares]
-            layouts.append((kind, axis, value.shape[1:] if kind == "gather" else value.shape,
-                            value.dtype, sizes))
-            if counts_me:
-                parts.append(np.ascontiguousarray(value))
-        body = b"".join(p.tobytes() for p in parts)
-        counts = []
-        for rank in range(self.size):
-            total = 0
-            for kind, _, tail, dtype, sizes in layouts:
-                per = int(np.prod(tail, dtype=np.int64)) * dtype.itemsize
-                total += sizes[rank] * per
-            counts.append(total)
-        joined = self.exchanger.allgather_counted(np.frombuffer(body, dtype=np.uint8),
-                                                  counts).tobytes()
-        pieces = [[] for _ in values]
-        offset = 0
-        for rank in range(self.size):
-            for k, (kind, _, tail, dtype, sizes) in enumerate(layouts):
-                if not sizes[rank]:
-                    continue
-                shape = ((sizes[rank],) + tuple(tail)) if kind == "gather" else tuple(tail)
-                size = int(np.prod(shape, dtype=np.int64))
-                pieces[k].append(np.frombuffer(joined, dtype=dtype, count=size,
-                                               offset=offset).reshape(shape))
-                offset += size * dtype.itemsize
-        results = []
-        for (kind, axis, tail, dtype, _), found in zip(layouts, pieces):
-            if kind == "gather":
-                joined_rows = np.concatenate(found, axis=0) if found else \
-                    np.empty((0,) + tuple(tail), dtype=dtype)
-                results.append(np.moveaxis(joined_rows, 0, axis))
-            elif not found:
-                raise TmpiError("%s: no rank's rows count in a step's batch statistics" % key)
-            elif kind == "sum":
-                total = np.array(found[0], copy=True)
-                for piece in found[1:]:
-                    total += piece
-                results.append(total)
-            elif kind == "max":
-                results.append(np.maximum.reduce(found))
-            else:
-                results.append(np.minimum.reduce(found))
+                entries = [1 if counts else 0 for _, counts in shares]
+            parts.append(Part(value, kind, entries))
+        results = combine_parts(self.exchanger, parts, self.rank)
+        if any(r is None for r in results):
+            raise TmpiError("%s: no rank's rows count in a step's batch statistics" % key)
+        results = [np.moveaxis(r, 0, axis) if kind == "gather" else r
+                   for r, kind, axis in zip(results, kinds, axes)]
         self.recorder.add_exchange(time.perf_counter() - begin)
         return results
 

@@ -48,6 +48,7 @@ from tmpi_adapters.core.step import StepExchange
 from tmpi_adapters.exchangers.envelope import Envelope
 from tmpi_adapters.frameworks.base import FrameworkAdapter, imports_module
 from tmpi_adapters.frameworks import transparency
+from tmpi_adapters.frameworks.compilation import Compilation
 from tmpi_adapters.frameworks.theano_split import (CoupledCombiner, analyse_function,
                                                    coupled_compiler, default_updates, pairs,
                                                    row_axes, split_compiler, split_evaluation)
@@ -158,25 +159,17 @@ class TheanoAdapter(FrameworkAdapter):
 
     def function(self, *args, **kwargs):
         """``theano.function``; training functions come back distributed."""
-        import theano
         self.session.functions_compiled += 1
-        bound = self._signature.bind(*args, **kwargs)
-        params = bound.arguments
-        outputs = params.get("outputs")
-        updates = params.get("updates")
-        update_pairs = list(updates.items()) if hasattr(updates, "items") else list(updates or [])
-        output_list, rebuild_outputs = _normalize_outputs(outputs)
-        graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
-        graph += [expr for _, expr in update_pairs]
-        markers = sorted({v.owner for v in ancestors(graph) if is_marker(v)},
+        call = Compilation(self._signature.bind(*args, **kwargs))
+        params = call.arguments
+        markers = sorted({v.owner for v in ancestors(call.graph) if is_marker(v)},
                          key=lambda node: node.op.index)
         if not markers:
-            split = split_evaluation(self, bound, output_list, rebuild_outputs, update_pairs,
-                                     updates)
+            split = split_evaluation(self, call)
             if split is not None:
                 return split
             return self._observed(self.compile(*args, **kwargs), params)
-        updated = [var for var, _ in update_pairs]
+        updated = [var for var, _ in call.update_pairs]
         params_of = []
         for node in markers:
             wrt = node.op.wrt
@@ -186,11 +179,9 @@ class TheanoAdapter(FrameworkAdapter):
             # Gradients used for something other than training (a norm to
             # monitor, a saliency map): plain values, no exchange.
             replace = {node.outputs[0]: node.inputs[0] for node in markers}
-            compile_args, compile_kwargs = self._rebuilt(bound, output_list, rebuild_outputs,
-                                                         update_pairs, replace, updates)
+            compile_args, compile_kwargs = self._rebuilt(call, replace)
             return self._observed(self.compile(*compile_args, **compile_kwargs), params)
-        return self._training_function(bound, output_list, rebuild_outputs, update_pairs,
-                                       updates, markers, params_of)
+        return self._training_function(call, markers, params_of)
 
     def _observed(self, compiled, params):
         """A function that is not distributed: returned as compiled, or, when a
@@ -201,16 +192,14 @@ class TheanoAdapter(FrameworkAdapter):
         key = "%s~%d" % (params.get("name") or "function", self.session.functions_compiled)
         return ObservedFunction(self.session, compiled, key, bool(params.get("updates")))
 
-    def _rebuilt(self, bound, output_list, rebuild_outputs, update_pairs, replace, updates,
-                 givens=None, step=None, transform=None):
+    def _rebuilt(self, call, replace, givens=None, step=None, transform=None):
         """``theano.function``'s arguments with ``replace`` made in the outputs
         and updates (and ``givens`` swapped in).  With ``step`` (a
         :class:`~tmpi_adapters.core.step.StepExchange`), the outputs and updates it carries are taken
         from the clone of its one exchange; ``transform`` rewrites the whole
         cloned graph (a fixed batch size made the rank's own)."""
         import theano
-        graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
-        graph += [expr for _, expr in update_pairs]
+        graph = call.graph
         extra = step.outputs if step is not None else []
         # One clone of everything: the exchange's node is cloned once, so the
         # step stays one collective however many places use its results.
@@ -219,23 +208,8 @@ class TheanoAdapter(FrameworkAdapter):
             cloned = transform(cloned)
         if step is not None:
             cloned = step.substitute(cloned[:len(graph)], cloned[len(graph):],
-                                     len(output_list), [var for var, _ in update_pairs])
-        new_outputs = []
-        for o, c in zip(output_list, cloned[:len(output_list)]):
-            new_outputs.append(theano.Out(c, borrow=o.borrow) if isinstance(o, theano.Out) else c)
-        new_updates = [(var, expr) for (var, _), expr in
-                       zip(update_pairs, cloned[len(output_list):len(graph)])]
-        if hasattr(updates, "items"):
-            from collections import OrderedDict
-            new_updates = OrderedDict(new_updates)
-        arguments = dict(bound.arguments)
-        arguments["outputs"] = rebuild_outputs(new_outputs)
-        if "updates" in arguments:
-            arguments["updates"] = new_updates
-        if givens is not None:
-            arguments["givens"] = givens
-        inputs = arguments.pop("inputs")
-        return (inputs,), arguments
+                                     len(call.output_list), [var for var, _ in call.update_pairs])
+        return call.rebuilt(cloned[:len(graph)], givens)
 
     def make_model(self, key, params, optimizer_state, model_state, graph, data):
         """The :class:`~tmpi_adapters.core.protocol.ModelProtocol` of a training function.
@@ -263,35 +237,32 @@ class TheanoAdapter(FrameworkAdapter):
         this; none by default."""
         return []
 
-    def _training_function(self, bound, output_list, rebuild_outputs, update_pairs, updates,
-                           markers, params):
-        import theano
+    def _training_function(self, call, markers, params):
         session = self.session
-        arguments = bound.arguments
+        arguments = call.arguments
         index = next(_function_ids)
-        key = "%s#%d" % (arguments.get("name") or "train_fn", index)
+        key = call.key = "%s#%d" % (arguments.get("name") or "train_fn", index)
 
         inputs = list(arguments.get("inputs") or [])
-        givens = arguments.get("givens")
-        given_pairs = pairs(givens)
-        graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
-        graph += [expr for _, expr in update_pairs]
-        outputs = graph[:len(output_list)]
+        given_pairs = pairs(arguments.get("givens"))
+        graph, outputs = call.graph, call.outputs
         plan = rows = None
-        own_pairs = list(update_pairs)
+        own_pairs = list(call.update_pairs)
         if session.size > 1 and self.batch_mode() == "rows" and \
                 session.rule.exchanges == "gradients":
             # Shared variables updated by their default_update (Lasagne's BatchNorm
             # averages) are read with the rest of the step: it converts them too.
             refused = arguments.get("no_default_updates")
             if refused is not True:
-                update_pairs = update_pairs + default_updates(
-                    graph, [var for var, _ in update_pairs] + list(refused or []))
-                graph = graph[:len(output_list)] + [expr for _, expr in update_pairs]
+                call.update_pairs = call.update_pairs + default_updates(
+                    graph, [var for var, _ in call.update_pairs] + list(refused or []))
+                graph = call.graph
         if session.size > 1:
             costs = self._costs_of(markers) + [o for o in outputs if o.ndim == 0]
-            plan, rows = analyse_function(self, inputs, given_pairs, graph, costs, update_pairs,
+            plan, rows = analyse_function(self, inputs, given_pairs, graph, costs,
+                                          call.update_pairs,
                                           slice_givens=self.batch_mode() == "rows")
+            call.plan = plan
             data = set(plan.data)
         else:
             data = set(input_variables(inputs)) | {var for var, _ in given_pairs}
@@ -307,34 +278,31 @@ class TheanoAdapter(FrameworkAdapter):
                 model_state.append(var)
         model = self.make_model(key, params, optimizer_state, model_state, graph, data)
         # Names for the recorder's loss/accuracy curves (None where unnamed).
-        model.output_names = [getattr(getattr(o, "variable", o), "name", None)
-                              for o in output_list]
+        model.output_names = [getattr(o, "name", None) for o in outputs]
         # The exchanged gradients' order, for messages about them.
         model.gradient_names = [variable_name(node.op.wrt, i) for i, node in enumerate(markers)]
 
         if self.coupled(plan):
-            return self._coupled_function(key, bound, output_list, rebuild_outputs,
-                                          update_pairs, updates, markers, plan, model)
+            return self._coupled_function(call, markers, plan, model)
         default = self._default_kind()
         kinds = [classify(o, data, default, rows=rows, strict=False) for o in outputs]
         step = None
         if session.rule.exchanges == "gradients" and (session.size > 1 or
                                                       session.watches_exchanges()):
-            step = StepExchange(session, key, markers, outputs, kinds, update_pairs, model,
-                                marker_outputs, accumulators=self.accumulators(update_pairs))
+            step = StepExchange(session, key, markers, outputs, kinds, call.update_pairs, model,
+                                marker_outputs,
+                                accumulators=self.accumulators(call.update_pairs))
             replace = dict(step.replace)
         else:
             replace = {node.outputs[0]: node.inputs[0] for node in markers}
-        compile_with, first_split = split_compiler(
-            self, key, bound, output_list, rebuild_outputs, update_pairs, updates, graph, plan,
-            replace, step)
+        compile_with, first_split = split_compiler(self, call, graph, plan, replace, step)
         compiled = compile_with(None)
         # What the step's exchange did not combine is combined after the call.
         after = [None if step is not None and i in step.carried else kind
                  for i, kind in enumerate(kinds)]
         function_class = self.function_class or DistributedFunction
         function = function_class(self, compiled, model, plan=plan,
-                                  single_output=rebuild_outputs.single,
+                                  single_output=call.single,
                                   combiner=Combiner(session, after, row_axes(rows, outputs),
                                                     name=key),
                                   first_split=first_split)
@@ -352,20 +320,17 @@ class TheanoAdapter(FrameworkAdapter):
         return (plan is not None and session.size > 1 and self.batch_mode() == "rows"
                 and session.rule.exchanges == "gradients")
 
-    def _coupled_function(self, key, bound, output_list, rebuild_outputs, update_pairs,
-                          updates, markers, plan, model):
+    def _coupled_function(self, call, markers, plan, model):
         """A training function converted by the row analysis, compiled, and
         wrapped as its rank's :class:`DistributedFunction`."""
-        session = self.session
-        compiled, first_split, steps = coupled_compiler(
-            self, key, bound, output_list, rebuild_outputs, update_pairs, updates, plan,
-            markers)
+        session, key = self.session, call.key
+        compiled, first_split, steps = coupled_compiler(self, call, plan, markers)
         # Every piece of model state is updated from the whole batch inside the step.
         model.averaged_state = list(model.model_state)
         coupled = CoupledCombiner(session, steps, name=key)
         function_class = self.function_class or DistributedFunction
         function = function_class(self, compiled, model, plan=plan,
-                                  single_output=rebuild_outputs.single,
+                                  single_output=call.single,
                                   combiner=coupled, first_split=first_split, coupled=coupled)
         model.train_fn = function
         session.register_model(model)
@@ -420,28 +385,6 @@ class TheanoAdapter(FrameworkAdapter):
         evaluation-only run or a gradient monitor is a run, and its exit
         status stays the script's."""
         self.session.print("tmpi: warning: %s" % text, file=sys.stderr)
-
-
-def _normalize_outputs(outputs):
-    """``(list_of_outputs, rebuild)`` where ``rebuild(list)`` restores the shape
-    theano.function was given (None, a single variable, or a list)."""
-    if outputs is None:
-        def rebuild(new):
-            return None
-        rebuild.single = False
-        return [], rebuild
-    if isinstance(outputs, (list, tuple)):
-        kind = type(outputs)
-
-        def rebuild(new):
-            return kind(new)
-        rebuild.single = False
-        return list(outputs), rebuild
-
-    def rebuild(new):
-        return new[0]
-    rebuild.single = True
-    return [outputs], rebuild
 
 
 # -- plugin hooks ------------------------------------------------------------------

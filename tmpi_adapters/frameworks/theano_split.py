@@ -10,8 +10,6 @@ function that does not train into a
 :class:`~tmpi_adapters.core.function.SplitFunction` where the graph says how
 every value it returns combines.  Theano is imported when these run.
 """
-import inspect
-
 from tmpi_adapters.graphs.fixedbatch import FixedBatch, reshape_inputs
 from tmpi_adapters.core.function import SplitFunction
 from tmpi_adapters.graphs import ancestors
@@ -64,30 +62,24 @@ def analyse_function(adapter, inputs, given_pairs, graph, costs, update_pairs,
     return plan, rows
 
 
-def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pairs, updates,
-                     plan, markers):
+def coupled_compiler(adapter, call, plan, markers):
     """``(compiled, first_split, steps)`` for a training function converted by
     the row analysis (:class:`~tmpi_adapters.core.coupling.CoupledStep`): the
     function converted and compiled (its step appended to ``steps``);
     ``first_split(sizes, cut)`` decides, on the first split call, where the
     rows of its reshapes go (to constant shapes, or to shapes the sizes did
     not decide), and compiles it again where that changes the conversion
-    (else ``None``)."""
+    (else ``None``).  ``call``: the :class:`~.compilation.Compilation`."""
     import theano
     from tmpi_adapters.core.coupling import CoupledStep
-    session = adapter.session
-    graph = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
-    graph += [expr for _, expr in update_pairs]
-    outputs = graph[:len(output_list)]
+    session, key = adapter.session, call.key
+    graph = call.graph
+    outputs = call.outputs
     local_rows = plan.local_rows_variable()
     fixed = FixedBatch(graph, plan.data, local_rows, key)
     gradients = {node: i for i, node in enumerate(markers)}
     steps, used = [], []
-    givens = bound.arguments.get("givens")
-    new_givens = None
-    if plan.given_pairs is not None:
-        new_givens = type(givens)(plan.given_pairs) if hasattr(givens, "items") \
-            else plan.given_pairs
+    new_givens = plan_givens(call, plan)
 
     def decisions():
         if fixed.done:
@@ -104,29 +96,16 @@ def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_p
             # until the first split call decides (nothing runs split before).
             fixed.probe_also(rows.undecided)
             reshapes, _ = decisions()
-        step = CoupledStep(session, key, rows, markers, outputs, update_pairs)
+        step = CoupledStep(session, key, rows, markers, outputs, call.update_pairs)
         steps.append(step)
         used[:] = [(reshapes, {k: repr(v) for k, v in rewrite.items()})]
         new_graph = step.outputs + step.updates
         if plan.replace:
             new_graph = theano.clone(new_graph, replace=plan.replace)
-        new_outputs = [theano.Out(c, borrow=o.borrow) if isinstance(o, theano.Out) else c
-                       for o, c in zip(output_list, new_graph[:len(output_list)])]
-        new_updates = [(var, expr) for (var, _), expr in
-                       zip(update_pairs, new_graph[len(output_list):])]
-        if hasattr(updates, "items"):
-            from collections import OrderedDict
-            new_updates = OrderedDict(new_updates)
-        arguments = dict(bound.arguments)
-        arguments["outputs"] = rebuild_outputs(new_outputs)
-        if "updates" in arguments or new_updates:
-            arguments["updates"] = new_updates
-        if new_givens is not None:
-            arguments["givens"] = new_givens
+        args, arguments = call.rebuilt(new_graph, new_givens)
         if plan.sliced and arguments.get("on_unused_input") is None:
             arguments["on_unused_input"] = "ignore"
-        inputs = arguments.pop("inputs")
-        compiled = adapter.compile(inputs, **arguments)
+        compiled = adapter.compile(*args, **arguments)
         if plan.bounds_fn is None:
             plan.compile_bounds(adapter._original_function)
         return compiled
@@ -134,8 +113,7 @@ def coupled_compiler(adapter, key, bound, output_list, rebuild_outputs, update_p
     def recompile(sizes, cut):
         plan_replace = dict(plan.replace)
         fixed.resolve(sizes, lambda t, labels, s: probe_shapes(
-            adapter, key, bound, graph, plan_replace, new_givens, t, labels, s, cut),
-            couples=True)
+            adapter, call, graph, plan_replace, new_givens, t, labels, s, cut), couples=True)
         reshapes, rewrite = decisions()
         if [(reshapes, {k: repr(v) for k, v in rewrite.items()})] == used:
             return None
@@ -190,8 +168,16 @@ class CoupledCombiner:
         return self.steps[-1]
 
 
-def probe_shapes(adapter, key, bound, graph, plan_replace, new_givens, transform, labels, sizes,
-                 cut):
+def plan_givens(call, plan):
+    """The call's ``givens`` as ``plan`` slices them (in the form the script
+    gave them), or ``None`` where it does not change them."""
+    if plan is None or plan.given_pairs is None:
+        return None
+    givens = call.arguments.get("givens")
+    return type(givens)(plan.given_pairs) if hasattr(givens, "items") else plan.given_pairs
+
+
+def probe_shapes(adapter, call, graph, plan_replace, new_givens, transform, labels, sizes, cut):
     """``{label: (input shapes, output shapes)}`` of the tagged reshapes
     (``labels``) when the function's graph, rewritten by ``transform``
     (without any exchange: nothing is exchanged), runs each of ``sizes``
@@ -199,10 +185,10 @@ def probe_shapes(adapter, key, bound, graph, plan_replace, new_givens, transform
     ``cut(rows)``."""
     import theano
     found = reshape_inputs(transform(theano.clone(graph, replace=plan_replace)))
-    arguments = dict(bound.arguments, outputs=[found[l][k].shape for l in labels
-                                               for k in (0, 1)],
+    arguments = dict(call.arguments, outputs=[found[l][k].shape for l in labels
+                                              for k in (0, 1)],
                      on_unused_input="ignore", no_default_updates=True,
-                     name="%s (shapes)" % key)
+                     name="%s (shapes)" % call.key)
     arguments.pop("updates", None)
     if new_givens is not None:
         arguments["givens"] = new_givens
@@ -215,8 +201,7 @@ def probe_shapes(adapter, key, bound, graph, plan_replace, new_givens, transform
             for k, label in enumerate(labels)}
 
 
-def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pairs, updates,
-                   graph, plan, replace, step=None, fixed=None):
+def split_compiler(adapter, call, graph, plan, replace, step=None, fixed=None):
     """``(compile_with, first_split)`` for a function split by ``plan``:
     ``compile_with(None)`` compiles it (shared batches sliced, ``givens``
     sliced, a batch size its convolutions declare made each rank's own);
@@ -225,7 +210,8 @@ def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pai
     again where some must be rebuilt, or returns ``None``
     (:meth:`~tmpi_adapters.graphs.fixedbatch.FixedBatch.resolve`).
     ``replace`` and ``step`` are
-    :meth:`~tmpi_adapters.frameworks.theano.TheanoAdapter._rebuilt`'s."""
+    :meth:`~tmpi_adapters.frameworks.theano.TheanoAdapter._rebuilt`'s; ``call``
+    the :class:`~.compilation.Compilation`."""
     plan_replace = {}
     if plan is not None:
         plan_replace = dict(plan.replace)
@@ -238,21 +224,16 @@ def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pai
                                                   replace=plan.replace)))
         replace = {**replace, **plan.replace}
         if fixed is None:
-            fixed = FixedBatch(graph, plan.data, plan.local_rows_variable(), key)
-    givens = bound.arguments.get("givens")
-    new_givens = None
-    if plan is not None and plan.given_pairs is not None:
-        new_givens = type(givens)(plan.given_pairs) if hasattr(givens, "items") \
-            else plan.given_pairs
+            fixed = FixedBatch(graph, plan.data, plan.local_rows_variable(), call.key)
+    new_givens = plan_givens(call, plan)
 
     def compile_with(transform):
         if transform is None and fixed and fixed.declared:
             transform = fixed.transform()
         if not replace and new_givens is None and transform is None and step is None:
-            return adapter.compile(*bound.args, **bound.kwargs)
-        compile_args, compile_kwargs = adapter._rebuilt(
-            bound, output_list, rebuild_outputs, update_pairs, replace, updates, new_givens,
-            step=step, transform=transform)
+            return adapter.compile(*call.bound.args, **call.bound.kwargs)
+        compile_args, compile_kwargs = adapter._rebuilt(call, replace, new_givens, step=step,
+                                                        transform=transform)
         if plan is not None and plan.sliced and compile_kwargs.get("on_unused_input") is None:
             # The batch index now only feeds the slice bounds computed outside.
             compile_kwargs["on_unused_input"] = "ignore"
@@ -263,7 +244,7 @@ def split_compiler(adapter, key, bound, output_list, rebuild_outputs, update_pai
 
     def recompile(sizes, cut):
         transform = fixed.resolve(sizes, lambda t, labels, s: probe_shapes(
-            adapter, key, bound, graph, plan_replace, new_givens, t, labels, s, cut))
+            adapter, call, graph, plan_replace, new_givens, t, labels, s, cut))
         return compile_with(transform) if transform is not None else None
     return compile_with, (FirstSplit(fixed, recompile) if fixed is not None else None)
 
@@ -310,22 +291,22 @@ class FirstSplit:
         return self.fixed.explain(rows, size, error)
 
 
-def split_evaluation(adapter, bound, output_list, rebuild_outputs, update_pairs, updates):
+def split_evaluation(adapter, call):
     """A function without training and without updates whose inputs carry a
     batch, split across ranks (:class:`SplitFunction`), or ``None`` where it
     runs whole on every rank: one rank, an adapter that splits its own
     evaluation, weak scaling, rules whose ranks do not meet per step, random
     draws, or a value whose combination the graph does not tell."""
-    import theano
     session = adapter.session
-    if (session.size == 1 or not adapter.split_evaluations or update_pairs or not output_list
+    if (session.size == 1 or not adapter.split_evaluations or call.update_pairs
+            or not call.output_list
             or adapter.batch_mode() != "rows" or session.rule.exchanges != "gradients"
             or session.options.outputs == "local"):
         return None
-    arguments = bound.arguments
+    arguments = call.arguments
     if not (arguments.get("inputs") or arguments.get("givens")):
         return None
-    outputs = [o.variable if isinstance(o, theano.Out) else o for o in output_list]
+    outputs = call.outputs
     if any(getattr(v, "default_update", None) is not None for v in ancestors(outputs)):
         return None  # random draws: per-row noise would change with the split
     inputs = list(arguments.get("inputs") or [])
@@ -333,7 +314,7 @@ def split_evaluation(adapter, bound, output_list, rebuild_outputs, update_pairs,
                                   [o for o in outputs if o.ndim == 0], [])
     if plan.problem or not plan.carries_batch():
         return None
-    key = "%s~%d" % (arguments.get("name") or "function", session.functions_compiled)
+    key = call.key = "%s~%d" % (arguments.get("name") or "function", session.functions_compiled)
     fixed = FixedBatch(outputs, plan.data, plan.local_rows_variable(), key)
     graph = outputs
     if fixed and fixed.declared:
@@ -351,29 +332,25 @@ def split_evaluation(adapter, bound, output_list, rebuild_outputs, update_pairs,
               for ratio in [ratio_of(o, data, rows)] if ratio is not None}
     if ratios:
         def divide(inputs, output):
-            return adapter._original_function(inputs, output, mode=bound.arguments.get("mode"))
+            return adapter._original_function(inputs, output, mode=arguments.get("mode"))
         divisors = {i: ratio.divisors(outputs[i]) for i, ratio in ratios.items()}
-        folded = iter(_folded(adapter, bound, [d for i in ratios for d in divisors[i]]))
+        folded = iter(_folded(adapter, call, [d for i in ratios for d in divisors[i]]))
         for i, ratio in ratios.items():
             ratio.compile(outputs[i], divide, [next(folded) for _ in divisors[i]])
-        output_list = [_parts(ratios[i], o) if i in ratios else o
-                       for i, o in enumerate(output_list)]
-        bound = inspect.BoundArguments(bound.signature, dict(bound.arguments))
-        bound.arguments["outputs"] = rebuild_outputs(output_list)
-    compile_with, first_split = split_compiler(
-        adapter, key, bound, output_list, rebuild_outputs, [], updates, outputs, plan, {},
-        fixed=fixed)
+        call = call.with_outputs([_parts(ratios[i], o) if i in ratios else o
+                                  for i, o in enumerate(call.output_list)])
+    compile_with, first_split = split_compiler(adapter, call, outputs, plan, {}, fixed=fixed)
     return SplitFunction(session, compile_with(None), key, plan,
                          Combiner(session, kinds, row_axes(rows, graph), name=key,
                                   ratios=ratios),
-                         rebuild_outputs.single, first_split=first_split)
+                         call.single, first_split=first_split)
 
 
-def _folded(adapter, bound, variables):
+def _folded(adapter, call, variables):
     """Per variable, the constant the optimizer makes of it in the function
     one process compiles (a count of rows the graph declares), or ``None``."""
     from theano.gof import Constant
-    arguments = dict(bound.arguments, outputs=list(variables), on_unused_input="ignore")
+    arguments = dict(call.arguments, outputs=list(variables), on_unused_input="ignore")
     found = []
     for output in adapter._original_function(**arguments).maker.fgraph.outputs:
         while output.owner is not None and type(output.owner.op).__name__ == "DeepCopyOp":

@@ -228,6 +228,45 @@ def test_a_mean_over_rows_is_a_partial_sum_over_a_size():
         assert rows(mean) == SUM and pending_sources(rows, mean) == []
 
 
+def test_a_variance_is_made_whole_from_moments_beside_its_mean():
+    # var = sum((h - mean)**2) / n waits for the mean's sum, then for its own:
+    # two levels.  Made whole from each rank's (count, sum, spread about its own
+    # mean), its collective no longer waits for the mean's: both are one level,
+    # and the ranks' parts combined with the whole mean give the one-process
+    # variance, also with a mean far from zero (BatchNorm's variance, T.var's).
+    import theano
+    n = Net()
+    for shift in (0.0, 1e3):
+        h = n.h + shift
+        mean = h.mean(axis=0)
+        variance = ((h - mean) ** 2).mean(axis=0)
+        normalised = (h - mean) / n.T.sqrt(variance + 1e-5)
+        rows = read([n.x], [normalised], [n.cost], convert=True)
+        assert rows(variance) == REPL and rows(normalised) == Shard(0)
+        kinds = sorted({r.kind for r in rows.requests})
+        assert kinds == ["stack", "sum"], kinds
+        assert rows.level(variance) == 1          # one collective before it, not two
+        # Each rank's parts, then every pending value as the collectives make it.
+        options = dict(mode="FAST_COMPILE", on_unused_input="ignore")
+        part = theano.function([n.x], [r.output.owner.inputs[0] for r in rows.requests],
+                               **options)
+        parts = []
+        for lo, hi in SHARES:
+            rows.window.set_value(np.array([lo, hi, ROWS, hi - lo], dtype="int64"))
+            parts.append(part(n.values[0][lo:hi]))
+        made = [np.stack(found) if r.kind == "stack" else sum(found)
+                for r, found in zip(rows.requests, zip(*parts))]
+        whole = [r.output.type() for r in rows.requests]
+        ranks = theano.function([n.x] + whole, theano.clone(rows.local(normalised), replace={
+            r.output: w for r, w in zip(rows.requests, whole)}), **options)
+        got = []
+        for lo, hi in SHARES:
+            rows.window.set_value(np.array([lo, hi, ROWS, hi - lo], dtype="int64"))
+            got.append(ranks(n.values[0][lo:hi], *made))
+        one = theano.function([n.x], normalised, **options)(n.values[0])
+        np.testing.assert_allclose(np.concatenate(got), one, rtol=1e-9, atol=1e-9)
+
+
 def test_a_coupling_names_what_meets_and_where():
     n = Net()
     product = n.h.dot(n.h.T)    # this line is named

@@ -87,14 +87,15 @@ def _collectives_rows(collectives):
     rows = []
     for framework, found in collectives.items():
         counts = found["collectives_per_step"]
-        exact = found.get("exact_collectives_per_step")
-        rows.append("| %s | %s | %d | %s | %s |" % (
+        local = found.get("local_collectives_per_step")
+        rows.append("| %s | %s | %d | %s | %s | %s |" % (
             framework, found["script"], found["steps"],
             "%d .. %d" % (counts["min"], counts["max"]) if counts else "no steps",
-            "%d .. %d" % (exact["min"], exact["max"]) if exact else "-"))
+            found.get("floor", "-"),
+            "%d .. %d" % (local["min"], local["max"]) if local else "-"))
     return _table(rows, ["framework", "script (tmpi wrap -n %d --record)" % next(
-        iter(collectives.values()))["ranks"], "steps", "collectives per step, "
-        "--batch-stats local", "exact (the default)"])
+        iter(collectives.values()))["ranks"], "steps", "collectives per step, exact "
+        "(the default)", "floor (1 + 2 per BatchNorm layer)", "--batch-stats local"])
 
 
 def _envelopes_rows(envelopes):

@@ -146,7 +146,7 @@ class CoupledStep:
         for depth in sorted({level[p] for p in inner}):
             group = [p for p in inner if level[p] == depth]
             if local:
-                mine = [p for p in group if requests[p].kind in ("sum", "max", "min")]
+                mine = [p for p in group if requests[p].kind in ("sum", "max", "min", "stack")]
                 self._estimate(mine, requests, memo)
                 estimated += mine
                 group = [p for p in group if p not in mine]
@@ -165,9 +165,12 @@ class CoupledStep:
         window = self.rows.window
         for p in group:
             value = _rebuild([p.owner.inputs[0]], memo)[0]
-            if requests[p].kind == "sum":
+            if requests[p].kind in ("sum", "stack"):
+                # (A rank's moments, scaled alike, stand for a batch of rows like its own.)
                 scale = T.cast(window[2], value.dtype) / T.cast(window[3], value.dtype)
                 value = T.cast(value * scale, value.dtype)
+            if requests[p].kind == "stack":
+                value = T.shape_padleft(value)
             memo[p] = value
 
     def _averaged(self, estimated, requests, bit, upstream, roots, final):

@@ -280,7 +280,8 @@ class Couple(Op):
     *level* (values that do not depend on each other) whole at once.  Its
     inputs are each rank's parts, one per entry of ``kinds``: ``"sum"``,
     ``"max"``, ``"min"`` (partial values, reduced over the ranks whose rows
-    count) or ``"gather"`` (rows along ``axes[i]``, joined in rank order);
+    count), ``"gather"`` (rows along ``axes[i]``, joined in rank order) or
+    ``"stack"`` (one part from each such rank, stacked in rank order);
     after them come ``after`` inputs that only order the node (it runs after
     the nodes that make them).  Outputs are the whole values, the same on
     every rank.
@@ -304,8 +305,10 @@ class Couple(Op):
     def make_node(self, *inputs):
         # A host op: Theano moves device values to it and back itself.
         inputs = [theano.tensor.as_tensor_variable(v) for v in inputs]
+        from tmpi_adapters.graphs.pending import stacked_type
         values = inputs[:len(self.kinds)]
-        return Apply(self, inputs, [v.type() for v in values])
+        return Apply(self, inputs, [stacked_type(v.type) if kind == "stack" else v.type()
+                                    for v, kind in zip(values, self.kinds)])
 
     def perform(self, node, inputs, output_storage):
         if self._couple is None:

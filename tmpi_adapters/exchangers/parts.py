@@ -15,7 +15,7 @@ from typing import Any, List, Sequence
 
 import numpy as np
 
-KINDS = ("sum", "max", "min", "gather")
+KINDS = ("sum", "max", "min", "gather", "stack")
 
 
 @dataclass
@@ -25,12 +25,13 @@ class Part:
     Attributes
     ----------
     value : numpy.ndarray
-        This rank's part (for ``"gather"``, its rows on axis 0).
+        This rank's part (for ``"gather"``, its rows on axis 0; for
+        ``"stack"``, one part a rank, stacked on a new first axis).
     kind : str
         One of :data:`KINDS`.
     entries : list of int
         Per rank, how many entries it gives: rows on axis 0 for a gather, 1
-        for a reduction; 0 for a rank that gives nothing.
+        for a reduction or a stack; 0 for a rank that gives nothing.
     """
 
     value: Any
@@ -69,6 +70,9 @@ def _combined(part, tail, found):
     """One value from the parts ``found`` (in rank order), as its kind says."""
     if part.kind == "gather":
         return np.concatenate(found, axis=0) if found else \
+            np.empty((0,) + tuple(tail), dtype=part.value.dtype)
+    if part.kind == "stack":
+        return np.stack(found) if found else \
             np.empty((0,) + tuple(tail), dtype=part.value.dtype)
     if not found:
         return None

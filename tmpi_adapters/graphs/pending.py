@@ -16,7 +16,9 @@ class Request:
     """A value made whole by a collective (a :class:`Pending` node's output).
 
     ``kind``: ``"sum"``, ``"max"``, ``"min"``, ``"gather"`` (``axis``: the
-    rows' axis) or ``"same"`` (a gradient every rank has whole);
+    rows' axis), ``"stack"`` (one part from every rank whose rows count,
+    stacked in rank order on a new first axis) or ``"same"`` (a gradient
+    every rank has whole);
     ``source``: the original variable; ``gradient``: the index of the
     gradient whose exchanged part this is, else ``None``.
     """
@@ -45,7 +47,8 @@ def pending_op():
             self.kind, self.axis, self.ident = kind, axis, next(_pending_ids)
 
         def make_node(self, value):
-            return Apply(self, [value], [value.type()])
+            return Apply(self, [value], [stacked_type(value.type) if self.kind == "stack"
+                                         else value.type()])
 
         def perform(self, node, inputs, output_storage):
             raise AssertionError("a pending collective was compiled unreplaced")
@@ -57,6 +60,12 @@ def pending_op():
 
 
 Pending = None
+
+
+def stacked_type(kind):
+    """The type of one part of tensor type ``kind`` from every rank, stacked
+    on a new first axis."""
+    return kind.clone(broadcastable=(False,) + tuple(kind.broadcastable))()
 
 
 def is_pending(variable):
@@ -113,7 +122,7 @@ def made_at(node):
 
 _KIND_WORDS = {"sum": "a sum over the batch's rows", "max": "a maximum over the batch's rows",
                "min": "a minimum over the batch's rows", "gather": "the batch's rows gathered",
-               "same": "a whole value"}
+               "stack": "each rank's moments of the batch's rows", "same": "a whole value"}
 
 
 def what_is_made_whole(kind, what):

@@ -120,6 +120,10 @@ class Rows:
         self.sized = set()
         #: ``ARange(0, n)`` of the rows: its local positions
         self.positions = {}
+        #: partial sums whose whole value waits for fewer collectives made from
+        #: other partial sums: ``variable -> (parts, combine)``, its whole value
+        #: ``combine(the whole of each part)`` (:mod:`.ops.reductions`)
+        self.deferred = {}
         self._whole = {}
         self._global = {}
         self._cut = {}
@@ -267,18 +271,56 @@ class Rows:
             raise Refusal(node, "a random draw shaped like the batch's rows that is not drawn "
                                 "for the whole batch")
         key = (variable, gradient)
-        if key in self._whole:
-            return self._whole[key]
-        axis = mark.axis if isinstance(mark, Shard) else None
-        kind = "gather" if axis is not None else mark.op
+        if key not in self._whole and mark == SUM and gradient is None:
+            self._whole[key] = self._deferred(variable, node, what)
+        if self._whole.get(key) is None:
+            axis = mark.axis if isinstance(mark, Shard) else None
+            self._whole[key] = self.request("gather" if axis is not None else mark.op,
+                                            self.local(variable), variable, node, what, axis,
+                                            gradient)
+        return self._whole[key]
+
+    def _deferred(self, variable, node, what, depth=0):
+        """The whole value of partial sum ``variable`` made from a deferred
+        sum (:attr:`deferred`) it is a linear function of (through
+        dimshuffles, ``-``, casts, and products or quotients by whole values),
+        else ``None``."""
+        from theano import scalar
+        if variable in self.deferred:
+            parts, combine = self.deferred[variable]
+            return combine([self.request("sum", part, variable, node, what) for part in parts])
+        owner = variable.owner
+        if owner is None or depth > 8 or len(owner.outputs) != 1:
+            return None
+        op = getattr(owner.op, "scalar_op", None)
+        ins = [self(v) for v in owner.inputs]
+        if name_of(owner.op) == "DimShuffle" or isinstance(op, (scalar.Neg, scalar.Identity)) \
+                or isinstance(op, scalar.Cast) and variable.dtype.startswith("float"):
+            inner = self._deferred(owner.inputs[0], node, what, depth + 1)
+            return None if inner is None else self.apply(owner, [inner])[0]
+        if isinstance(op, (scalar.Mul, scalar.TrueDiv)) and ins.count(SUM) == 1 and \
+                (isinstance(op, scalar.Mul) or ins[0] == SUM) and \
+                all(m == SUM or m is SAME or m in (REPL, SHAPE) for m in ins):
+            k = ins.index(SUM)
+            inner = self._deferred(owner.inputs[k], node, what, depth + 1)
+            if inner is None:
+                return None
+            inputs = [inner if j == k else self.placed(v, SHAPE if m == SHAPE else REPL, node)
+                      for j, (m, v) in enumerate(zip(ins, owner.inputs))]
+            return self.apply(owner, inputs)[0]
+        return None
+
+    def request(self, kind, part, source, node=None, what=None, axis=None, gradient=None):
+        """The whole value that this rank's ``part`` of ``source`` is a part of,
+        made by a collective of ``kind`` (a :class:`~.pending.Pending` node,
+        recorded as a request and a coupling); ``node``: where it is needed."""
         op = pending_op()(kind, axis)
-        output = op(self.local(variable))
-        request = Request(kind, op.axis, variable, output, gradient)
+        output = op(part)
+        request = Request(kind, op.axis, source, output, gradient)
         request.coupling = Coupling(kind, what_is_made_whole(kind, what),
-                                    made_at(node if node is not None else variable.owner))
+                                    made_at(node if node is not None else source.owner))
         self.requests.append(request)
         self.couplings.append(request.coupling)
-        self._whole[key] = output
         return output
 
     def _zeros(self, variable, axis):

@@ -130,11 +130,13 @@ def test_record_names_the_collectives_where_rows_meet(tmp_path):
     rows = [json.loads(line) for line in record.read_text().splitlines()]
     summary = [r for r in rows if r.get("type") == "summary"][-1]
     couplings = summary["couplings"]
-    # mean: the exchange alone; batch_norm: 4 levels (mean, variance, their gradients).
+    # mean: the exchange alone; batch_norm: 2 levels, the floor: the mean with the
+    # variance (made whole from each rank's moments), then their gradients' sums.
     assert set(couplings) == {"train_fn#1"}, couplings
     levels = couplings["train_fn#1"]
-    assert len(levels) == 4 and all(levels), levels
+    assert len(levels) == 2 and all(levels), levels
     assert all("batch_coupling.py:" in text for text in levels[0]), levels[0]
+    assert any("moments" in text for text in levels[0]), levels[0]
 
 
 @pytest.mark.mpi

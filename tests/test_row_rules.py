@@ -91,7 +91,8 @@ def run_converted(rows, data, values, expr):
     """``(one-process value, the ranks' values combined)`` of ``expr`` (see module doc)."""
     import theano
     whole = {d: d.type((d.name or "input") + "_whole") for d in data}
-    made_whole = {r.output: theano.clone(r.source, replace=whole) for r in rows.requests}
+    made_whole = {r.output: _whole_of(r, theano.clone(r.source, replace=whole))
+                  for r in rows.requests}
     local = theano.clone(converted(rows, expr), replace=made_whole)
     # Every rank, and the one process, draw from the same generator state.
     options = dict(mode="FAST_COMPILE", on_unused_input="ignore", no_default_updates=True)
@@ -103,6 +104,18 @@ def run_converted(rows, data, values, expr):
         mine = [share(v, rows.layout.axis(d), lo, hi) for d, v in zip(data, values)]
         parts.append(ranks(*(mine + list(values))))
     return one(*values), combine(rows(expr), parts)
+
+
+def _whole_of(request, source):
+    """What a request's collective hands back, from the one-process value of
+    its source: that value, or (rows in windows of an axis, gathered as
+    blocks) that value split into its blocks and the rows."""
+    if request.output.ndim == source.ndim:
+        return source
+    axis = request.axis - 1
+    shape = [source.shape[j] for j in range(source.ndim)]
+    return source.reshape(shape[:axis] + [shape[axis] // ROWS, ROWS] + shape[axis + 1:],
+                          ndim=source.ndim + 1)
 
 
 def assert_converted(rows, data, values, expr):
@@ -265,6 +278,44 @@ def test_a_variance_is_made_whole_from_moments_beside_its_mean():
             got.append(ranks(n.values[0][lo:hi], *made))
         one = theano.function([n.x], normalised, **options)(n.values[0])
         np.testing.assert_allclose(np.concatenate(got), one, rtol=1e-9, atol=1e-9)
+
+
+def _time_major(T, n):
+    """``x`` (B, 2, 4) read time-major as a recurrent layer precomputes its
+    input: ``(T, B, 4)`` merged to ``(T*B, 4)``, a dense layer, split back."""
+    x = T.dtensor3("x")
+    steps = x.dimshuffle(1, 0, 2)
+    merged = steps.reshape((steps.shape[0] * steps.shape[1], steps.shape[2]))
+    dense = T.tanh(T.dot(merged, n.W))
+    back = dense.reshape((steps.shape[0], steps.shape[1], dense.shape[1]))
+    values = [np.random.RandomState(3).standard_normal((ROWS, 2, 4))]
+    return x, merged, dense, back, values
+
+
+def test_rows_merged_with_time_are_windows_of_each_step_not_gathered():
+    # (T, B, 4) -> (T*B, 4): each rank holds its rows of every step, the rows
+    # the inner factor (a window of each block): row-wise ops run on them, the
+    # split back has the rows on axis 1 again; nothing is gathered.  What reads
+    # them across the rows gathers each rank's blocks and merges them back.
+    n = Net()
+    x, merged, dense, back, values = _time_major(n.T, n)
+    cost = n.T.mean(back ** 2)
+    for convert in (False, True):
+        rows = read([x], [back, dense], [cost], convert=convert)
+        assert rows(merged) == Shard(0, inner=True) == rows(dense)
+        assert rows(back) == Shard(1)
+        if convert:
+            assert pending_sources(rows, back) == []
+            assert_converted(rows, [x], values, back)
+    across = n.T.sort(dense, axis=0)
+    rows = read([x], [across], [cost], convert=True)
+    assert rows(across) == REPL and pending_sources(rows, across) == [("gather", 1)]
+    assert_converted(rows, [x], values, across)
+    # A reshape of the windows that is not their split back mixes them: gathered.
+    other = dense.reshape((-1,))
+    rows = read([x], [other], [cost], convert=True)
+    assert rows(other) == REPL
+    assert_converted(rows, [x], values, other)
 
 
 def test_a_coupling_names_what_meets_and_where():

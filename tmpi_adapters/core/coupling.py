@@ -79,7 +79,7 @@ class CoupledStep:
         rows = self.rows
         mark = rows(output)
         options = self.session.options
-        if isinstance(mark, Shard):
+        if isinstance(mark, Shard) and not mark.inner:
             self.kinds.append("rows")
             self.axes.append(mark.axis)
             return rows.local(output)
@@ -97,7 +97,8 @@ class CoupledStep:
         self.kinds.append(None)
         if mark == SHAPE:
             return rows.global_value(output)
-        if mark == SUM:
+        if mark == SUM or isinstance(mark, Shard):
+            # (Rows in windows of an axis are returned whole, gathered in the step.)
             return rows.replicated(output)
         return rows.local(output)
 

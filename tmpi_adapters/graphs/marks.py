@@ -7,8 +7,10 @@ a small frozen value, in the words of placement engines (PyTorch's
 
 :class:`Shard` ``(axis)``
     rows ``[lo, hi)`` of the one-process value along ``axis`` (an axis that
-    merges rows with other axes, ``(B*T, d)``, holds the rank's rows
-    contiguously): predictions, per-row losses, activations.
+    merges rows with the axes after them, ``(B*T, d)``, holds the rank's rows
+    contiguously; merged with axes before them, ``(T*B, d)``, it holds rows
+    ``[lo, hi)`` of each block: ``Shard(axis, inner=True)``): predictions,
+    per-row losses, activations.
 :data:`SAME` (:class:`Unbatched`)
     computed without the batch: parameters, constants.
 :data:`SHAPE` (:class:`Sizes`)
@@ -55,19 +57,25 @@ class Mark:
 
 @dataclass(frozen=True, eq=False, repr=False)
 class Shard(Mark):
-    """The rank's rows of the one-process value, along ``axis``."""
+    """The rank's rows of the one-process value, along ``axis``.
+
+    ``inner``: the axis merges other axes with the rows, the rows innermost
+    (``(T, B, d)`` reshaped to ``(T*B, d)``, a recurrent layer's input
+    precomputed for every step): the rank holds rows ``[lo, hi)`` of every
+    outer block, not one contiguous block (a *window* of each)."""
 
     axis: int
+    inner: bool = False
 
     def _key(self):
-        return (self.axis,)
+        return (self.axis, self.inner)
 
     def __repr__(self):
-        return "Shard(%d)" % self.axis
+        return "Shard(%d%s)" % (self.axis, ", inner" if self.inner else "")
 
     def moved(self, axis):
         """The same rows, now on ``axis``."""
-        return Shard(axis)
+        return Shard(axis, self.inner)
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -82,7 +82,7 @@ def classify(variable, data, default="mean", rows=None, strict=True):
         return "same"
     if rows is not None:
         mark = rows(variable)
-        if isinstance(mark, Shard) and getattr(variable, "ndim", 0):
+        if isinstance(mark, Shard) and not mark.inner and getattr(variable, "ndim", 0):
             return "rows"
     kind = _reduced_kind(variable, data, rows)
     if kind is None and rows is not None and not strict:

@@ -242,3 +242,39 @@ def reads_noise_window(variable):
         else:
             stack.extend(node.inputs)
     return False
+
+
+def merged_rows_axis(rows, node, k):
+    """0 where reshape ``node`` merges its input's rows (axis ``k`` > 0)
+    with every axis before them, the rows innermost, and keeps the axes after
+    them (``(T, B, d)`` to ``(T*B, d)``): the rows are then the inner factor
+    of axis 0.  Else ``None``."""
+    layout = rows.layout
+    before = list(layout.sizes.get(node.inputs[0], ()))
+    after = layout.resolve_vector(node.inputs[1])
+    if after is None or k == 0 or k >= len(before) or len(after) != len(before) - k:
+        return None
+    tail = list(after[1:])
+    if before[k + 1:] != tail or any(s is None or s == -1 for s in tail):
+        return None
+    return 0
+
+
+def split_rows_axis(rows, node, k):
+    """Where reshape ``node`` splits axis ``k`` of its input, whose rows are
+    its inner factor, into outer axes and the rows, keeping the axes before
+    and after (``(T*B, d)`` to ``(T, B, d)``): the axis of the output that
+    holds the rows.  Else ``None``."""
+    layout = rows.layout
+    before = list(layout.sizes.get(node.inputs[0], ()))
+    after = layout.resolve_vector(node.inputs[1])
+    if after is None or k >= len(before):
+        return None
+    head, tail = before[:k], before[k + 1:]
+    if list(after[:k]) != head or any(s is None or s == -1 for s in head + tail):
+        return None
+    for m in range(k + 1, len(after)):
+        if isinstance(after[m], tuple) and layout.is_batch_size(after[m]) and \
+                list(after[m + 1:]) == tail:
+            return m
+    return None

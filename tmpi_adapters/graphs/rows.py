@@ -222,7 +222,7 @@ class Rows:
         if placement == SHAPE:
             return self.global_value(variable)
         if isinstance(placement, Shard):
-            return self.rows_of(variable, placement.axis)
+            return self.rows_of(variable, placement)
         raise ValueError("no placement %r" % (placement,))
 
     def _set(self, node, marks, forms=None, made=0):
@@ -273,12 +273,29 @@ class Rows:
         key = (variable, gradient)
         if key not in self._whole and mark == SUM and gradient is None:
             self._whole[key] = self._deferred(variable, node, what)
+        if key not in self._whole and isinstance(mark, Shard) and mark.inner:
+            self._whole[key] = self._gathered_blocks(variable, mark, node, what)
         if self._whole.get(key) is None:
             axis = mark.axis if isinstance(mark, Shard) else None
             self._whole[key] = self.request("gather" if axis is not None else mark.op,
                                             self.local(variable), variable, node, what, axis,
                                             gradient)
         return self._whole[key]
+
+    def _gathered_blocks(self, variable, mark, node, what):
+        """The whole value of rows on the inner factor of an axis (``(T*b,
+        d)``): each rank's ``(T, b, d)`` gathered along the rows, then merged
+        back to ``(T*B, d)``."""
+        local = self.local(variable)
+        axis = mark.axis
+        here = self.window_values()[3]
+        shape = [local.shape[j] for j in range(local.ndim)]
+        blocks = local.reshape(shape[:axis] + [shape[axis] // here, here] + shape[axis + 1:],
+                               ndim=local.ndim + 1)
+        whole_blocks = self.request("gather", blocks, variable, node, what, axis + 1)
+        merged = [whole_blocks.shape[j] for j in range(whole_blocks.ndim)]
+        return whole_blocks.reshape(merged[:axis] + [merged[axis] * merged[axis + 1]] +
+                                    merged[axis + 2:], ndim=local.ndim)
 
     def _deferred(self, variable, node, what, depth=0):
         """The whole value of partial sum ``variable`` made from a deferred
@@ -346,18 +363,19 @@ class Rows:
             return self.replicated(variable)
         return None
 
-    def rows_of(self, variable, axis):
-        """``variable``'s rows ``[lo, hi)`` along ``axis`` (a form of the
-        converted graph): its local value when it is rows there, else its
-        whole value sliced (a value as long as the batch that is not split)."""
+    def rows_of(self, variable, rows):
+        """``variable``'s rows ``[lo, hi)`` as the :class:`~.marks.Shard`
+        ``rows`` says (a form of the converted graph): its local value when it
+        is those rows, else its whole value sliced (a value as long as the
+        batch that is not split)."""
         mark = self(variable)
-        if mark == Shard(axis):
+        if mark == rows:
             return self.local(variable)
         if not self.convert or isinstance(mark, Shard):
             raise Strict()
-        key = (variable, axis)
+        key = (variable, rows)
         if key not in self._cut:
-            self._cut[key] = self._slice(self.replicated(variable), axis)
+            self._cut[key] = self._slice(self.replicated(variable), rows)
         return self._cut[key]
 
     def window_values(self):
@@ -367,13 +385,22 @@ class Rows:
         w = self.window
         return w[0], w[1], w[2], w[3]
 
-    def _slice(self, whole_value, axis):
-        """Rows ``[lo, hi)`` of a whole value along ``axis`` (scaled when the
-        axis holds several entries per row)."""
+    def _slice(self, whole_value, rows):
+        """Rows ``[lo, hi)`` of a whole value along ``rows``' axis (scaled
+        when the axis holds several entries per row; of each outer block
+        where the rows are the inner factor of the axis)."""
         lo, hi, total, _ = self.window_values()
+        axis = rows.axis
         length = whole_value.shape[axis]
-        index = (slice(None),) * axis + (slice(lo * length // total, hi * length // total),)
-        return whole_value[index]
+        if not rows.inner:
+            index = (slice(None),) * axis + (slice(lo * length // total, hi * length // total),)
+            return whole_value[index]
+        shape = [whole_value.shape[j] for j in range(whole_value.ndim)]
+        blocks = whole_value.reshape(shape[:axis] + [length // total, total] + shape[axis + 1:],
+                                     ndim=whole_value.ndim + 1)
+        cut = blocks[(slice(None),) * (axis + 1) + (slice(lo, hi),)]
+        return cut.reshape(shape[:axis] + [(length // total) * (hi - lo)] + shape[axis + 1:],
+                           ndim=whole_value.ndim)
 
     def global_length(self, variable, axis):
         """The one-process length of a rows ``variable``'s ``axis``."""

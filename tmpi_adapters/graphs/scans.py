@@ -40,14 +40,14 @@ def read_scan(rows, node, ins):
     start = {}
     for v in seqs:
         m = mark[v]
-        if m == Shard(0) or m in PARTIAL or m == SHAPE:
+        if isinstance(m, Shard) and m.axis == 0 or m in PARTIAL or m == SHAPE:
             return None
         start[v] = _shifted(m, -1)
     states = [(v, len(taps)) for v, taps in zip(mitmot, op.mitmot_taps())] + \
         [(v, len(taps)) for v, taps in zip(mitsot, op.mitsot_taps())] + [(v, 1) for v in sitsot]
     for v, _ in states:
         m = mark[v]
-        if m == Shard(0) or m == SHAPE or m in PARTIAL and m != SUM:
+        if isinstance(m, Shard) and m.axis == 0 or m == SHAPE or m in PARTIAL and m != SUM:
             return None
         start[v] = _shifted(m, -1)
     for v in shared:
@@ -109,14 +109,14 @@ def read_scan(rows, node, ins):
 
 def _shifted(mark, by):
     """A mark with its rows' axis moved by ``by`` (a step's slice loses the time axis)."""
-    return Shard(mark.axis + by) if isinstance(mark, Shard) else mark
+    return mark.moved(mark.axis + by) if isinstance(mark, Shard) else mark
 
 
 def _outer_form(rows, variable, inner_mark, shift, node):
     """The outer input as the converted graph gives it to the scan."""
     mark = rows(variable)
     if isinstance(inner_mark, Shard):
-        return rows.rows_of(variable, inner_mark.axis + shift)
+        return rows.placed(variable, inner_mark.moved(inner_mark.axis + shift))
     if inner_mark == SUM:
         return rows.local(variable)
     if inner_mark == REPL or mark == REPL:
@@ -151,8 +151,7 @@ def _read_inner(analysis, op, inner_in, marks):
     axes = {v: m.axis for v, m in marks.items() if isinstance(m, Shard)}
     try:
         layout = Layout(inner_in, list(op.outputs), axes={v: axes.get(v) for v in inner_in})
-        return analysis(layout, convert=False, marks={v: m for v, m in marks.items()
-                                                      if not isinstance(m, Shard)})
+        return analysis(layout, convert=False, marks=dict(marks))
     except Exception:  # noqa: BLE001 - an inner graph the reading cannot follow
         return None
 

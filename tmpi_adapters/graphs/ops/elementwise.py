@@ -30,11 +30,11 @@ def elemwise(rows, node, ins):
     out = node.outputs[0]
     if isinstance(op, scalar.Second):
         return fill(rows, node, ins)
-    axes = {m.axis for m in ins if isinstance(m, Shard)}
-    if len(axes) > 1:
+    found = {m for m in ins if isinstance(m, Shard)}
+    if len(found) > 1:
         return whole(node, "values with rows on different axes")
-    if axes:
-        k = Shard(axes.pop())
+    if found:
+        k = found.pop()
         placements = []
         for m, v in zip(ins, node.inputs):
             if m == k:
@@ -90,5 +90,5 @@ def dimshuffle(rows, node, ins):
     if isinstance(k, Shard):
         if k.axis not in node.op.new_order:
             return whole(node)
-        return kept(node, [Shard(node.op.new_order.index(k.axis))])
+        return kept(node, [k.moved(node.op.new_order.index(k.axis))])
     return kept(node, [k])

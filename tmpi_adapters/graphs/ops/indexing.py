@@ -51,7 +51,7 @@ def subtensor(rows, node, ins):
         return Signature([KEEP] + indices, [SUM])
     if isinstance(k, Shard):
         if _whole_axis(index, k.axis):
-            return Signature([KEEP] + indices, [Shard(k.axis - _dropped_before(index, k.axis))])
+            return Signature([KEEP] + indices, [k.moved(k.axis - _dropped_before(index, k.axis))])
         return whole(node, "particular rows of the batch (%s)" % index_text(index, k.axis))
     return whole(node)
 

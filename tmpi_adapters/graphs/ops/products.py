@@ -25,16 +25,16 @@ def dot(rows, node, ins):
     if my == SUM and mx in _WHOLE:
         return Signature([REPL, KEEP], [SUM])
     rx, ry = isinstance(mx, Shard), isinstance(my, Shard)
-    if rx and ry and mx.axis == cx and my.axis == 0:
+    if rx and ry and mx == my.moved(cx) and my.axis == 0:
         return kept(node, [SUM])
     if rx and not ry and mx.axis == cx:
-        return Signature([KEEP, Shard(0)], [SUM])
+        return Signature([KEEP, mx.moved(0)], [SUM])
     if ry and not rx and my.axis == 0:
-        return Signature([Shard(cx), KEEP], [SUM])
+        return Signature([my.moved(cx), KEEP], [SUM])
     if rx and not ry:
         return Signature([KEEP, REPL], [mx])
     if ry and not rx:
-        return Signature([REPL, KEEP], [Shard(cx + my.axis - 1)])
+        return Signature([REPL, KEEP], [my.moved(cx + my.axis - 1)])
     return whole(node, "a product of rows with rows (h hᵀ)")
 
 
@@ -45,12 +45,13 @@ def row_wise(rows, node, ins):
     carry = ROW_OPS[name]
     if name in CONVS and ins[0] == Shard(1) and len(ins) > 1 and ins[1] == Shard(1):
         return conv_weights(rows, node, ins)  # ConvOp on dimshuffled rows: a product
-    found = [m for m in ins if isinstance(m, Shard)]
-    if not found or set(found) != {Shard(0)} or \
+    found = {m for m in ins if isinstance(m, Shard)}
+    if len(found) != 1 or found.copy().pop().axis != 0 or \
             any(isinstance(ins[i], Shard) for i in range(len(ins)) if i not in carry):
         return whole(node)
-    placements = [Shard(0) if i in carry else REPL for i in range(len(ins))]
-    marks = [Shard(0) if getattr(v, "ndim", 0) else MIXED for v in node.outputs]
+    rows_mark = found.pop()     # (inner or not: each row of axis 0 alone)
+    placements = [rows_mark if i in carry else REPL for i in range(len(ins))]
+    marks = [rows_mark if getattr(v, "ndim", 0) else MIXED for v in node.outputs]
     return Signature(placements, marks, op=without_batch_size(rows, node))
 
 

@@ -26,9 +26,9 @@ from tmpi_adapters.graphs.pending import Strict
 from tmpi_adapters.graphs.registry import kept, rule, whole
 
 
-def _kept_axis(axis, reduced):
-    """Where axis ``axis`` lands once the axes ``reduced`` are gone."""
-    return Shard(axis - sum(1 for a in reduced if a < axis))
+def _kept_axis(mark, reduced):
+    """Rows ``mark`` once the axes ``reduced`` (not theirs) are gone."""
+    return mark.moved(mark.axis - sum(1 for a in reduced if a < mark.axis))
 
 
 def _partial_kind(scalar_op):
@@ -47,7 +47,7 @@ def careduce(rows, node, ins):
     kind = _partial_kind(op.scalar_op)
     if isinstance(k, Shard):
         if k.axis not in axes:
-            return kept(node, [_kept_axis(k.axis, axes)])
+            return kept(node, [_kept_axis(k, axes)])
         if kind is None:
             return whole(node)
         centred = _centred_squares(rows, node, axes) if kind == SUM and rows.convert else None
@@ -70,7 +70,7 @@ def max_and_argmax(rows, node, ins):
     k = ins[0]
     axes = node.op.axis if node.op.axis is not None else range(node.inputs[0].ndim)
     if isinstance(k, Shard) and k.axis not in axes:
-        kept_axis = _kept_axis(k.axis, axes)
+        kept_axis = _kept_axis(k, axes)
         return kept(node, [kept_axis, kept_axis])
     if isinstance(k, Shard):
         local = rows.apply(node, [rows.local(v) for v in node.inputs])
@@ -87,7 +87,7 @@ def argmax(rows, node, ins):
     k = ins[0]
     axes = node.op.axis if node.op.axis is not None else range(node.inputs[0].ndim)
     if isinstance(k, Shard) and k.axis not in axes:
-        return kept(node, [_kept_axis(k.axis, axes)] * len(node.outputs))
+        return kept(node, [_kept_axis(k, axes)] * len(node.outputs))
     return whole(node)
 
 

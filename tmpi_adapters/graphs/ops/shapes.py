@@ -8,7 +8,7 @@ value is rebuilt from the global sizes (:func:`rebuilt`), for free.
 from tmpi_adapters.graphs.catalogue import name_of
 from tmpi_adapters.graphs.marks import PARTIAL, REPL, SAME, SHAPE, SUM, Shard
 from tmpi_adapters.graphs.patterns import constant, counts_rows, keeps_rank_rows, \
-    reads_noise_window, reshaped_axis, shape_entry
+    merged_rows_axis, reads_noise_window, reshaped_axis, shape_entry, split_rows_axis
 from tmpi_adapters.graphs.pending import Strict
 from tmpi_adapters.graphs.registry import KEEP, Signature, kept, rule, whole
 
@@ -148,6 +148,20 @@ def reshape(rows, node, ins):
         return Signature([KEEP, REPL], [SUM])
     if not isinstance(k, Shard):
         return whole(node)
+    if k.inner and target_mark == SHAPE:
+        # Rows in windows of an axis: kept only where the reshape splits that
+        # axis back into its blocks and the rows (a recurrent layer's (T*b, h)
+        # to (T, b, h)).
+        split = split_rows_axis(rows, node, k.axis)
+        if split is None:
+            return whole(node, "a reshape of rows merged with the axes before them")
+        return kept(node, [Shard(split)])
+    if k.inner:
+        return whole(node, "a reshape of rows merged with the axes before them")
+    merged = merged_rows_axis(rows, node, k.axis) if target_mark == SHAPE else None
+    if merged is not None:
+        # (T, b, d) to (T*b, d): each rank's rows of every block (a window).
+        return kept(node, [Shard(merged, inner=True)])
     label = label_of(node.outputs[0])
     if label is not None and label in rows.reshapes:
         decided = rows.reshapes[label]     # proven on a call (fixedbatch)
@@ -182,15 +196,15 @@ def join(rows, node, ins):
     from theano.tensor import get_scalar_constant_value
     if ins[0] is not SAME:
         return whole(node)
-    axes = {m.axis for m in ins[1:] if isinstance(m, Shard)}
+    found = {m for m in ins[1:] if isinstance(m, Shard)}
     try:
         along = int(get_scalar_constant_value(node.inputs[0]))
     except Exception:  # noqa: BLE001 - a symbolic axis
         return whole(node)
     if along < 0:
         along += node.outputs[0].ndim
-    if len(axes) == 1 and along not in axes:
-        k = Shard(axes.pop())
+    if len(found) == 1 and along != next(iter(found)).axis:
+        k = found.pop()
         return Signature([KEEP] + [k] * (len(ins) - 1), [k])
     if all(m == SUM or m is SAME and rows.is_zero(v) for m, v in zip(ins[1:], node.inputs[1:])):
         return kept(node, [SUM])
@@ -210,7 +224,7 @@ def alloc(rows, node, ins):
         k = ins[0].axis + len(dims) - value.ndim      # (alloc prepends axes)
         if not value.broadcastable[ins[0].axis] and counts_rows(rows, dims[k]) and \
                 all(m is SAME for j, m in enumerate(ins[1:]) if j != k):
-            return kept(node, [Shard(k)])
+            return kept(node, [ins[0].moved(k)])
     return whole(node)
 
 

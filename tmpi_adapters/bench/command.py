@@ -40,6 +40,11 @@ generator
     a Keras conv net on N ranks fed by ``fit_generator`` (rank 0 draws each
     batch and hands it to every rank) against the same ``fit`` from memory,
     separate jobs taking turns (:mod:`.generator`);
+coupling
+    what exactness costs where rows meet: the Keras WRN-10-1 example and a
+    Keras MLP with BatchNorm, exact against ``--batch-stats local``, and a
+    Lasagne recurrent net on N ranks against 1, separate jobs taking turns
+    (:mod:`.coupling`);
 device
     the conv net on the device ``THEANO_FLAGS`` names (a GPU, or the OpenCL
     device on the CPU): ``tmpi wrap -n 1`` against the plain script, and 2
@@ -77,10 +82,10 @@ from tmpi_adapters.errors import DeviceError, TmpiError
 
 #: The parts of a run, in the order they run.
 PARTS = ("exchange", "overhead", "scaling", "processes", "collectives", "envelopes", "network",
-         "spread", "generator", "device")
+         "spread", "generator", "coupling", "device")
 #: When parts newer than the first ones joined: a full run's results from before
 #: that day do not have them.
-ADDED = {"generator": "2026-11-28"}
+ADDED = {"generator": "2026-11-28", "coupling": "2026-11-29"}
 
 #: ``--quick`` (CI-sized) and full settings.
 #:   width, repetitions: the AlexNet width and repetitions of the exchange;
@@ -120,6 +125,9 @@ BARS = {
     "network_exchange_over_ring_floor": ("<=", 1.3, 17,
                                          "emulated link: fp32 exchange / ring floor"),
     "spread_bound": ("<=", 2.0, 35, "the same short 2-rank job: slowest / fastest median step"),
+    "wrn_exact_over_local": ("<=", 1.03, 47, "Keras WRN-10-1: exact step / --batch-stats local "
+                             "step"),
+    "rnn_speedup": (">=", 1.6, 47, "Lasagne recurrent net: N ranks vs 1 rank"),
     "generator_fed_over_in_memory": ("<=", 1.03, 48, "Keras conv net: generator-fed step "
                                      "(rank 0 draws) / in-memory fit step"),
     "device_overhead_1_rank": ("<=", 0.02, 32, "device: 1-rank overhead, conv net"),
@@ -202,6 +210,11 @@ def part_generator(args, values, workdir, tick, found):
                              args.batch_size * args.ranks, tick)
 
 
+def part_coupling(args, values, workdir, tick, found):
+    from tmpi_adapters.bench import coupling
+    return coupling.measure(workdir, args.ranks, values["feed_steps"], values["rounds"], tick)
+
+
 def part_device(args, values, workdir, tick, found):
     from tmpi_adapters.bench import device
     return device.measure(workdir, args.device_batch_size, values["steps"], values["rounds"],
@@ -267,6 +280,14 @@ def headline(results, ranks):
         top["generator_fed_over_in_memory"] = found["generator_over_memory"]
         if found.get("hand_out_s_per_batch") is not None:
             top["generator_hand_out_ms_per_batch"] = 1e3 * found["hand_out_s_per_batch"]
+    found = results.get("coupling")
+    if found and "partial" not in found:
+        if "exact_over_local" in found.get("wrn", {}):
+            top["wrn_exact_over_local"] = found["wrn"]["exact_over_local"]
+        if "speedup" in found.get("rnn", {}):
+            top["rnn_speedup"] = found["rnn"]["speedup"]
+        if "exact_over_local" in found.get("mlp", {}):
+            top["keras_mlp_exact_over_local"] = found["mlp"]["exact_over_local"]
     device = results.get("device")
     if device and "skipped" not in device and "partial" not in device:
         top["device_overhead_1_rank"] = device["overhead_1_rank"]

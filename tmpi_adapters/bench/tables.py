@@ -159,6 +159,27 @@ def _generator_rows(found):
         found["ranks"], found["batch_size"], found["rounds"]), "step"])
 
 
+def _coupling_rows(found):
+    rows = []
+    labels = {"wrn": ("Keras WRN-10-1", "exact", "local", "exact_over_local"),
+              "mlp": ("Keras MLP, one BatchNorm layer", "exact", "local", "exact_over_local"),
+              "rnn": ("Lasagne recurrent net", "one", "ranks", "speedup")}
+    for case, (label, a, b, ratio) in labels.items():
+        part = found.get(case)
+        if not part:
+            continue
+        if "skipped" in part:
+            rows.append("| %s | skipped: %s | | |" % (label, part["skipped"]))
+            continue
+        steps, counts = part["step_median_s"], part["collectives_per_step"]
+        rows.append("| %s | %s (%s collectives) | %s (%s collectives) | %.3f (%.3f .. %.3f) |" % (
+            label, _ms(steps[a]), counts.get(a), _ms(steps[b]), counts.get(b), part[ratio],
+            part[ratio + "_range"][0], part[ratio + "_range"][1]))
+    return _table(rows, ["%d ranks, %d rounds (rnn: 1 rank, then %d)" % (
+        found["ranks"], found["rounds"], found["ranks"]), "exact / 1 rank", "local / N ranks",
+        "exact / local; rnn: speedup"])
+
+
 def _device_rows(device):
     if "skipped" in device:
         return ["", "device: skipped: %s" % device["skipped"]]
@@ -202,7 +223,8 @@ def format_table(results):
                        ("scaling", _scaling_rows), ("processes", _processes_rows),
                        ("collectives", _collectives_rows), ("envelopes", _envelopes_rows),
                        ("network", _network_rows), ("spread", _spread_rows),
-                       ("generator", _generator_rows), ("device", _device_rows)):
+                       ("generator", _generator_rows), ("coupling", _coupling_rows),
+                       ("device", _device_rows)):
         if results.get(part):
             lines += rows(results[part])
     others = [k for k in results.get("headline", {}) if k not in results.get("bars", {})]

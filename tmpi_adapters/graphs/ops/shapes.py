@@ -240,3 +240,22 @@ def repeat(rows, node, ins):
             node.op.axis is not None:
         return Signature([KEEP, REPL], [mark])
     return whole(node, "rows repeated by counts of their own")
+
+
+@rule("Split")
+def split(rows, node, ins):
+    """``split(x, sizes, axis)`` (a join's gradient): pieces along another
+    axis than the rows' keep the rows; pieces of a partial sum stay partial."""
+    from theano.tensor import get_scalar_constant_value
+    k = ins[0]
+    try:
+        along = int(get_scalar_constant_value(node.inputs[1]))
+    except Exception:  # noqa: BLE001 - a symbolic axis
+        return whole(node)
+    if along < 0:
+        along += node.inputs[0].ndim
+    if not all(m is SAME or m == SHAPE for m in ins[1:]):
+        return whole(node)
+    if isinstance(k, Shard) and k.axis != along or k == SUM:
+        return Signature([KEEP] + [REPL] * (len(ins) - 1), [k] * len(node.outputs))
+    return whole(node, "rows split along the rows' axis")

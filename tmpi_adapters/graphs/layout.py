@@ -189,6 +189,12 @@ class Layout:
                     and isinstance(op.scalar_op, (scalar.Cast, scalar.Identity))):
                 expr = node.inputs[0]
                 continue
+            if isinstance(op, Elemwise) and isinstance(op.scalar_op, scalar.Mul):
+                # n * 1 (T.tile's shapes): the size n.
+                others = [v for v in node.inputs if self.resolve(v) != 1]
+                if len(others) == 1:
+                    expr = others[0]
+                    continue
             return None
         return None
 

@@ -190,9 +190,26 @@ def reshaped_axis(rows, node, k):
     axis does; ``None`` where they do not tell."""
     layout = rows.layout
     source = node.inputs[0]
-    before = layout.sizes.get(source, ())
+    before = list(layout.sizes.get(source, ()))
     after = layout.resolve_vector(node.inputs[1])
     if after is None or k >= len(before):
+        return None
+    if 1 in before or 1 in after:
+        # Axes of length 1 move no entry: read the reshape without them
+        # (T.tile's (1, n, d, 1) to (n, d)).
+        kept_before = [j for j, size in enumerate(before) if size != 1]
+        kept_after = [j for j, size in enumerate(after) if size != 1]
+        if k not in kept_before:
+            return None
+        found = _reshaped_axis([before[j] for j in kept_before],
+                               [after[j] for j in kept_after], kept_before.index(k), layout)
+        return None if found is None else kept_after[found]
+    return _reshaped_axis(before, list(after), k, layout)
+
+
+def _reshaped_axis(before, after, k, layout):
+    """:func:`reshaped_axis` on the sizes ``before`` and ``after``."""
+    if k >= len(before):
         return None
     head = before[:k]
     # The rows (axis k, proven) land on an axis as long as the batch, with the

@@ -72,7 +72,7 @@ def inc_subtensor(rows, node, ins):
                 if not isinstance(my, Shard) and my not in PARTIAL and \
                         (y.ndim <= sub or y.broadcastable[sub]):
                     return Signature([KEEP, REPL] + indices, [mx])
-        if SUM in (mx, my) and rows.convert:
+        if SUM in (mx, my):
             parts = [rows.partial_or_zero(x), rows.partial_or_zero(y)]
             if None not in parts:
                 return [SUM], rows.apply(node, parts + [rows.replicated(v, node)

@@ -169,6 +169,8 @@ RULES = [
     # T.repeat(h, 2, axis=0): alloc (n, 2, d), reshape (2n, d): each row's copies
     # together, so a rank's rows stay one block, two entries a row.
     case("rows repeated", lambda n: n.T.repeat(n.h, 2, axis=0), Shard(0), Shard(0), []),
+    case("rows tiled along the features", lambda n: n.T.tile(n.h, (1, 2)), Shard(0), Shard(0),
+         []),
     case("features split", lambda n: n.T.split(n.h, [1, 2], 2, axis=1)[1], Shard(0), Shard(0),
          []),
     case("rows split", lambda n: n.T.split(n.h, [4, 6], 2, axis=0)[1], MIXED, REPL,

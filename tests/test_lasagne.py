@@ -2,6 +2,7 @@
 ``tmpi wrap`` and through the decorator, and clear errors when they cannot be."""
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +163,22 @@ def test_batchnorm_is_the_one_process_batchnorm():
                      1e-10)
         assert final_numbers(outputs[0], "norms") == final_numbers(outputs[n - 1], "norms")
         assert "where the batch's rows meet" in outputs[0]
+
+
+@pytest.mark.mpi
+def test_recurrent_layers_distribute_their_rows_exactly():
+    """A bidirectional RecurrentLayer precomputes its input over every step:
+    (T, B, 2) merged to (T*B, 2), a window of each step on every rank, not a
+    gather: 2 and 3 ranks give the one-process loss with one collective a step."""
+    from tmpi_adapters.bench import scripts
+    script = Path(scripts.__file__).parent / "lasagne_rnn.py"
+    args = ["--steps", "3", "--batch-size", "12", "--length", "6", "--units", "5"]
+    env = rank_env("float64")
+    env["THEANO_FLAGS"] += ",cxx="
+    one = check(tmpi("wrap", "-n", "1", "--framework", "lasagne", script, *args, env=env))
+    for n in (2, 3):
+        result = check(tmpi("wrap", "-n", str(n), "--framework", "lasagne", script, *args,
+                            env=env))
+        assert_close(final_numbers(result.stdout, "loss"),
+                     final_numbers(one.stdout, "loss"), 1e-10)
+        assert "1 collective per step" in result.stdout + result.stderr, result.stderr[-1500:]

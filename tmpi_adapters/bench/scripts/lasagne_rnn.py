@@ -69,7 +69,7 @@ def main():
     for step in range(args.steps):
         x, y, m = batches[step % len(batches)]
         loss_value = train(x, y, m)
-    print("final loss %.6f" % float(loss_value))
+    print("final loss %.17g" % float(loss_value))
 
 
 if __name__ == "__main__":

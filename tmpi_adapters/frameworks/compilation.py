@@ -4,7 +4,7 @@ A :class:`Compilation` holds the call's bound arguments, its outputs as a
 list (and how to give them back in the form the script wrote: one variable,
 a list or tuple, ``theano.Out``), its updates as pairs (and the form the
 script gave: a dict or pairs), and, once the graph is read, the function's
-name and its split plan.  Every step that compiles a function again (a
+name.  Every step that compiles a function again (a
 batch sliced, a step converted, a reshape rebuilt) hands it a new graph and
 gets ``theano.function``'s arguments back from :meth:`Compilation.rebuilt`:
 the one place that clones a function's graph and puts it back together.
@@ -30,8 +30,6 @@ class Compilation:
         its shared variables carry).
     key : str or None
         The function's name in messages, once known.
-    plan : tmpi_adapters.core.split.SplitPlan or None
-        How its batch is split, once read.
     """
 
     def __init__(self, bound):
@@ -47,7 +45,6 @@ class Compilation:
         self.update_pairs = list(self.updates.items()) if hasattr(self.updates, "items") \
             else list(self.updates or [])
         self.key = None
-        self.plan = None
 
     @property
     def arguments(self):
@@ -84,7 +81,7 @@ class Compilation:
         bound = inspect.BoundArguments(self.bound.signature, dict(self.bound.arguments))
         bound.arguments["outputs"] = self.outputs_as_given(output_list)
         made = Compilation(bound)
-        made.update_pairs, made.key, made.plan = list(self.update_pairs), self.key, self.plan
+        made.update_pairs, made.key = list(self.update_pairs), self.key
         return made
 
     def rebuilt(self, graph, givens=None):

@@ -262,7 +262,6 @@ class TheanoAdapter(FrameworkAdapter):
             plan, rows = analyse_function(self, inputs, given_pairs, graph, costs,
                                           call.update_pairs,
                                           slice_givens=self.batch_mode() == "rows")
-            call.plan = plan
             data = set(plan.data)
         else:
             data = set(input_variables(inputs)) | {var for var, _ in given_pairs}

@@ -98,9 +98,9 @@ def _centred_squares(rows, node, axes):
     from theano import scalar
     from theano.tensor import NotScalarConstantError, get_scalar_constant_value
     square = node.inputs[0].owner
-    if square is None or name_of_elemwise(square) not in ("Sqr", "Pow"):
+    if square is None or _scalar_name(square) not in ("Sqr", "Pow"):
         return None
-    if name_of_elemwise(square) == "Pow":
+    if _scalar_name(square) == "Pow":
         try:
             if float(get_scalar_constant_value(square.inputs[1])) != 2.0:
                 return None
@@ -120,7 +120,7 @@ def _centred_squares(rows, node, axes):
     return None
 
 
-def name_of_elemwise(node):
+def _scalar_name(node):
     """The scalar op's class name of an elementwise ``node``, else ``None``."""
     scalar_op = getattr(node.op, "scalar_op", None)
     return type(scalar_op).__name__ if scalar_op is not None else None

@@ -190,19 +190,24 @@ def reshape(rows, node, ins):
     return [Shard(decided)], rows.apply(node, [rows.local(x), target])
 
 
+def _constant_axis(axis, ndim):
+    """The axis ``axis`` (a constant, maybe negative) of a value of ``ndim``
+    axes, or ``None`` for a symbolic axis."""
+    from theano.tensor import get_scalar_constant_value
+    try:
+        along = int(get_scalar_constant_value(axis))
+    except Exception:  # noqa: BLE001 - a symbolic axis
+        return None
+    return along + ndim if along < 0 else along
+
+
 @rule("Join")
 def join(rows, node, ins):
     """Rows joined along another axis stay rows; partial sums joined stay partial."""
-    from theano.tensor import get_scalar_constant_value
-    if ins[0] is not SAME:
+    along = _constant_axis(node.inputs[0], node.outputs[0].ndim)
+    if ins[0] is not SAME or along is None:
         return whole(node)
     found = {m for m in ins[1:] if isinstance(m, Shard)}
-    try:
-        along = int(get_scalar_constant_value(node.inputs[0]))
-    except Exception:  # noqa: BLE001 - a symbolic axis
-        return whole(node)
-    if along < 0:
-        along += node.outputs[0].ndim
     if len(found) == 1 and along != next(iter(found)).axis:
         k = found.pop()
         return Signature([KEEP] + [k] * (len(ins) - 1), [k])
@@ -246,15 +251,9 @@ def repeat(rows, node, ins):
 def split(rows, node, ins):
     """``split(x, sizes, axis)`` (a join's gradient): pieces along another
     axis than the rows' keep the rows; pieces of a partial sum stay partial."""
-    from theano.tensor import get_scalar_constant_value
     k = ins[0]
-    try:
-        along = int(get_scalar_constant_value(node.inputs[1]))
-    except Exception:  # noqa: BLE001 - a symbolic axis
-        return whole(node)
-    if along < 0:
-        along += node.inputs[0].ndim
-    if not all(m is SAME or m == SHAPE for m in ins[1:]):
+    along = _constant_axis(node.inputs[1], node.inputs[0].ndim)
+    if along is None or not all(m is SAME or m == SHAPE for m in ins[1:]):
         return whole(node)
     if isinstance(k, Shard) and k.axis != along or k == SUM:
         return Signature([KEEP] + [REPL] * (len(ins) - 1), [k] * len(node.outputs))

@@ -132,6 +132,19 @@ def test_givens_slices_of_datasets_on_the_device_match_one_rank():
     distributed_on_the_device(three, 3)
 
 
+@pytest.mark.mpi
+def test_batch_statistics_on_the_device_are_the_one_process_statistics():
+    """BatchNorm on the device: each rank's moments of its rows made whole in
+    the step, two collectives a layer, in kernels the device builds (pocl
+    crashes on a float maximum)."""
+    script = SCRIPTS / "batch_coupling.py"
+    one = wrap(1, "--framework", "theano", script, "10", "batch_norm")
+    for n in (2, 3):
+        result = wrap(n, "--framework", "theano", script, "10", "batch_norm")
+        same(result, one, ("batch_norm",))
+        assert "3 collectives per step" in result.stdout, result.stdout[-1500:]
+
+
 # ------------------------------------------------------------------ frameworks
 
 @pytest.mark.mpi

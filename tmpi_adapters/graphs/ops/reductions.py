@@ -138,13 +138,16 @@ def moments(rows, node, h, c, axes):
     others = [j for j in range(h.ndim) if j not in axes]
     count = T.cast(functools.reduce(operator.mul, [local.shape[j] for j in axes]), dtype)
     total = T.cast(local.sum(axis=list(axes), keepdims=True), dtype)
-    spread = T.sqr(local - total / T.maximum(count, 1)).sum(axis=list(axes))
+    # (n + (n == 0) is max(n, 1) for a count: the OpenCL device's kernels crash on a
+    # float maximum.)
+    spread = T.sqr(local - total / (count + T.eq(count, 0))).sum(axis=list(axes))
     total = total.dimshuffle(others)
     part = T.stack([T.cast(T.ones_like(total) * count, dtype), total, T.cast(spread, dtype)])
     stacked = rows.request("stack", part, h, node, "a sum of squares about a batch mean")
     counts, totals, spreads = stacked[:, 0], stacked[:, 1], stacked[:, 2]
     centre = rows.replicated(c, node).dimshuffle(others)
-    apart = T.switch(T.gt(counts, 0), T.sqr(totals - counts * centre) / T.maximum(counts, 1), 0)
+    apart = T.switch(T.gt(counts, 0),
+                     T.sqr(totals - counts * centre) / (counts + T.eq(counts, 0)), 0)
     return like(spreads.sum(axis=0) + apart.sum(axis=0), node.outputs[0])
 
 

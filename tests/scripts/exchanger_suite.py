@@ -13,6 +13,34 @@ from tmpi_adapters.exchangers.base import ANY_SOURCE
 from tmpi_adapters.pluginmanager import lookup
 
 
+def check_parts(exchanger, rank, size):
+    """A coupling's parts made whole (what a step's rows meeting sends): rows
+    joined in rank order from uneven shares, sums, extrema, stacks, a rank
+    that gives nothing; the prepared gather reused call after call, and no
+    result a view of its buffers."""
+    from tmpi_adapters.exchangers.parts import Part, combine_parts
+    every, rows, kept = [1] * size, [r + 1 for r in range(size)], []
+    for call in range(4):
+        parts = [Part(np.full((rows[rank], 2), rank + call, np.float32), "gather", rows),
+                 Part(np.arange(3.0) * (rank + 1) + call, "sum", every),
+                 Part(np.array([rank - call], np.float64), "max", every),
+                 Part(np.array([rank + call], np.int64), "min", [0] + every[1:]),
+                 Part(np.arange(4, dtype=np.int64) + rank * call, "stack", every)]
+        joined, total, top, low, stacked = combine_parts(exchanger, parts, rank)
+        expected = np.concatenate([np.full((r + 1, 2), r + call, np.float32)
+                                   for r in range(size)])
+        np.testing.assert_array_equal(joined, expected)
+        assert joined.dtype == np.float32
+        np.testing.assert_array_equal(total, sum(np.arange(3.0) * (r + 1) + call
+                                                 for r in range(size)))
+        assert top.tolist() == [size - 1 - call]
+        assert low is None if size == 1 else low.tolist() == [1 + call]
+        np.testing.assert_array_equal(stacked, [np.arange(4) + r * call for r in range(size)])
+        kept.append((call, joined, total))
+    for call, joined, total in kept:  # later calls left earlier results alone
+        assert joined[0, 0] == call and total[0] == size * call
+
+
 def main(name):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -135,6 +163,8 @@ def main(name):
     np.testing.assert_array_equal(gathered, expected)
 
     assert exchanger.allgather_object({"rank": rank}) == [{"rank": r} for r in range(size)]
+    if exchanger.memory != "device":
+        check_parts(exchanger, rank, size)
     exchanger.barrier()
 
     if size > 1:

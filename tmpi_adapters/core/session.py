@@ -408,14 +408,39 @@ class Session:
         ``axes``.  A rank whose rows do not count (a padding row, or every
         rank but rank 0 where each runs the whole call) gives nothing.
         ``described``: each value's expression and script line, for messages."""
-        from tmpi_adapters.exchangers.parts import Part, combine_parts
         begin = time.perf_counter()
+        share = getattr(self, "_rows_share", None) or (0, 1, 1, True)
+        values = [np.asarray(v) for v in values]
+        signature = (key, tuple(kinds), tuple(axes), share,
+                     tuple((v.shape, v.dtype) for v in values))
+        levels = self.__dict__.setdefault("_levels", {})
+        layout = levels.get(signature)
+        if layout is None:
+            if len(levels) >= 256:
+                levels.pop(next(iter(levels)))
+            layout = levels[signature] = self._layout(values, kinds, axes, key, described)
+        gathered = [i for i, kind in enumerate(kinds) if kind == "gather" and axes[i]]
+        for i in gathered:
+            values[i] = np.moveaxis(values[i], axes[i], 0)
+        results = layout.run(values)
+        if any(r is None for r in results):
+            raise TmpiError("%s: no rank's rows count in a step's batch statistics" % key)
+        for i in gathered:
+            results[i] = np.moveaxis(results[i], 0, axes[i])
+        self.recorder.add_exchange(time.perf_counter() - begin)
+        return results
+
+    def _layout(self, values, kinds, axes, key, described):
+        """The :class:`~tmpi_adapters.exchangers.parts.Layout` of one
+        coupling's values in the running call: who gives how many entries of
+        each (checked: a gathered value must hold a whole number of entries
+        per row of this rank's share)."""
+        from tmpi_adapters.exchangers.parts import Part, layout_of
         shares = self._shares()
         lo, hi = (getattr(self, "_rows_share", None) or (0, 1, 1, True))[:2]
         mine = max(hi - lo, 1)
         parts = []
         for k, (value, kind, axis) in enumerate(zip(values, kinds, axes)):
-            value = np.asarray(value)
             if kind == "gather":
                 value = np.moveaxis(value, axis, 0)
                 per_row, remainder = divmod(value.shape[0], mine)
@@ -432,13 +457,7 @@ class Session:
             else:
                 entries = [1 if counts else 0 for _, counts in shares]
             parts.append(Part(value, kind, entries))
-        results = combine_parts(self.exchanger, parts, self.rank)
-        if any(r is None for r in results):
-            raise TmpiError("%s: no rank's rows count in a step's batch statistics" % key)
-        results = [np.moveaxis(r, 0, axis) if kind == "gather" else r
-                   for r, kind, axis in zip(results, kinds, axes)]
-        self.recorder.add_exchange(time.perf_counter() - begin)
-        return results
+        return layout_of(self.exchanger, parts, self.rank)
 
     def exchange_gradients(self, arrays, key=None, ops=None, gradients=None):
         """What the in-graph :class:`~tmpi_adapters.core.ops.FusedAllreduce`

@@ -336,12 +336,23 @@ class Exchanger(abc.ABC):
         must agree.  Returns a new array.
         """
 
-    def allgather_counted(self, data: Array, counts: Sequence[int]) -> Array:
+    def allgather_counted(self, data: Array, counts: Sequence[int],
+                          out: Array | None = None) -> Array:
         """Every rank's bytes ``data`` (a uint8 array of ``counts[rank]``
-        bytes; every rank knows every rank's count) joined in rank order.
-        Exchangers that can gather without first telling each other the
-        lengths override this; by default it is :meth:`allgather_rows`."""
-        return self.allgather_rows(np.ascontiguousarray(data, dtype=np.uint8).reshape(-1))
+        bytes; every rank knows every rank's count) joined in rank order,
+        written to ``out`` where given.  Exchangers that can gather without
+        first telling each other the lengths override this; by default it is
+        :meth:`allgather_rows`."""
+        joined = self.allgather_rows(np.ascontiguousarray(data, dtype=np.uint8).reshape(-1))
+        if out is None:
+            return joined
+        out[:] = joined
+        return out
+
+    def counted_gather(self, counts: Sequence[int]) -> CountedGather:
+        """A :meth:`allgather_counted` of these ``counts`` prepared once, to
+        run many times (a step's couplings): see :class:`CountedGather`."""
+        return CountedGather(self, counts)
 
     @abc.abstractmethod
     def allgather_object(self, obj: _T) -> list[_T]:
@@ -385,6 +396,29 @@ class Exchanger(abc.ABC):
 
     def close(self) -> None:
         """Release communicators and buffers."""
+
+
+class CountedGather:
+    """An :meth:`Exchanger.allgather_counted` prepared for one set of
+    ``counts``: write this rank's bytes into :attr:`message`, call
+    :meth:`run`, read each rank's bytes in :attr:`blocks`.  The buffers are
+    the gather's own and reused by every run; exchangers that can do better
+    than a copy each way (the ``mpi`` one) return their own subclass from
+    :meth:`Exchanger.counted_gather`."""
+
+    def __init__(self, exchanger: Exchanger, counts: Sequence[int]) -> None:
+        self.exchanger, self.counts = exchanger, [int(c) for c in counts]
+        ends = np.cumsum(self.counts, dtype=np.int64)
+        self.joined = np.empty(int(sum(self.counts)), dtype=np.uint8)
+        self.blocks = [self.joined[int(e) - c:int(e)] for e, c in zip(ends, self.counts)]
+        self.message = np.empty(self.counts[exchanger.rank], dtype=np.uint8)
+
+    def run(self) -> None:
+        """Gather every rank's :attr:`message` into :attr:`blocks`."""
+        self.exchanger.allgather_counted(self.message, self.counts, out=self.joined)
+
+    def free(self) -> None:
+        """Let go of what the gather holds in the exchanger (nothing here)."""
 
 
 class Reduction(Protocol):

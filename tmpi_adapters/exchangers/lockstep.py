@@ -35,6 +35,32 @@ class _GaveUp(Exception):
     pass
 
 
+class _Collective:
+    """The context of :meth:`Lockstep.collective` (a class, not a generator:
+    a step's couplings enter one each, with the caches full of arrays)."""
+
+    __slots__ = ("lockstep", "what", "outer")
+
+    def __init__(self, lockstep, what):
+        self.lockstep, self.what = lockstep, what
+
+    def __enter__(self):
+        lockstep = self.lockstep
+        lockstep.sequence += 1
+        envelope = lockstep.envelope or OUTSIDE
+        self.outer = lockstep.current
+        lockstep.current = {"sequence": lockstep.sequence, "description": envelope.describe(),
+                            "what": self.what, "since": time.time(), "token": None}
+        lockstep._tokens.append((lockstep.sequence, envelope))
+        lockstep.exchanger.stats.collectives += self.outer is None
+        return envelope
+
+    def __exit__(self, *exc):
+        self.lockstep._tokens.pop()
+        self.lockstep.current = self.outer
+        return False
+
+
 class Lockstep:
     """The sequence and envelopes of one exchanger's collectives.
 
@@ -61,21 +87,10 @@ class Lockstep:
         self._control = None
         self._tokens = []  # (sequence, envelope) of the collectives being run
 
-    @contextlib.contextmanager
     def collective(self, what):
-        """One collective: numbered, published for the watchdog; yields its envelope."""
-        self.sequence += 1
-        envelope = self.envelope or OUTSIDE
-        outer = self.current
-        self.current = {"sequence": self.sequence, "description": envelope.describe(),
-                        "what": what, "since": time.time(), "token": None}
-        self._tokens.append((self.sequence, envelope))
-        self.exchanger.stats.collectives += outer is None
-        try:
-            yield envelope
-        finally:
-            self._tokens.pop()
-            self.current = outer
+        """One collective: numbered, published for the watchdog; as a
+        context, gives its envelope."""
+        return _Collective(self, what)
 
     def begin(self):
         """A collective left running while the rank goes on (a bucket of an

@@ -39,48 +39,101 @@ class Part:
     entries: List[int]
 
 
+#: Layouts kept per exchanger (a step's levels, each its own signature).
+_MAX_LAYOUTS = 256
+
+
+class Layout:
+    """One level's parts laid out for its collective, for one signature (the
+    parts' kinds, shapes, dtypes and entries): built once, then each step
+    only copies its parts in (:meth:`run`), gathers and combines.
+
+    It holds the level's prepared gather
+    (:meth:`~tmpi_adapters.exchangers.base.Exchanger.counted_gather`), typed
+    views of this rank's parts in its message and of every giving rank's
+    piece of each part in its blocks, and where each piece goes in the
+    part's whole value.  A step's couplings run with the processor's
+    caches full of the step's arrays, where each interpreted operation is
+    slow: the work per call is kept to a few copies."""
+
+    def __init__(self, exchanger, parts, rank):
+        size = exchanger.size
+        tails = [p.value.shape[1:] if p.kind == "gather" else p.value.shape for p in parts]
+        shapes = [[((p.entries[r],) + tuple(t)) if p.kind == "gather" else tuple(t)
+                   for r in range(size)] for p, t in zip(parts, tails)]
+        nbytes = [[int(np.prod(s[r], dtype=np.int64)) * p.value.dtype.itemsize
+                   if p.entries[r] else 0 for r in range(size)]
+                  for p, s in zip(parts, shapes)]
+        self.gather = exchanger.counted_gather([sum(n[r] for n in nbytes) for r in range(size)])
+        self.mine, pieces = [], [[] for _ in parts]
+        for r, block in enumerate(self.gather.blocks):
+            at = 0
+            for k, p in enumerate(parts):
+                if not p.entries[r]:
+                    continue
+                n = nbytes[k][r]
+                piece = block[at:at + n].view(p.value.dtype).reshape(shapes[k][r])
+                pieces[k].append(piece)
+                if r == rank:
+                    self.mine.append((k, self.gather.message[at:at + n].view(p.value.dtype)
+                                      .reshape(shapes[k][r])))
+                at += n
+        #: per part: (kind, whole shape or None, dtype, [(where, piece)])
+        self.wholes = []
+        for p, tail, found in zip(parts, tails, pieces):
+            if p.kind in ("gather", "stack"):
+                lengths = [len(f) if p.kind == "gather" else 1 for f in found]
+                ends = np.cumsum(lengths, dtype=np.int64)
+                where = [slice(int(e - n), int(e)) if p.kind == "gather" else int(e - 1)
+                         for e, n in zip(ends, lengths)]
+                shape = (int(sum(lengths)),) + tuple(tail)
+            else:
+                where, shape = [None] * len(found), (None if not found else tuple(tail))
+            self.wholes.append((p.kind, shape, p.value.dtype, list(zip(where, found))))
+
+    def run(self, values):
+        """The whole values from this rank's ``values`` (one array per part,
+        ``gather`` parts with their rows on axis 0): new arrays, never views
+        of the gathered bytes; a reduction no rank gave a part of is ``None``."""
+        for k, view in self.mine:
+            view[...] = values[k]
+        self.gather.run()
+        return [_whole(*whole) for whole in self.wholes]
+
+
+def _whole(kind, shape, dtype, found):
+    """One value from its pieces ``found`` (``(where, piece)`` in rank order),
+    as its kind says."""
+    if shape is None:
+        return None
+    if kind in ("gather", "stack"):
+        whole = np.empty(shape, dtype=dtype)
+        for where, piece in found:
+            whole[where] = piece
+        return whole
+    whole = np.array(found[0][1], copy=True)
+    combine = np.add if kind == "sum" else np.maximum if kind == "max" else np.minimum
+    for _, piece in found[1:]:
+        combine(whole, piece, out=whole)
+    return whole
+
+
+def layout_of(exchanger, parts, rank):
+    """The :class:`Layout` of ``parts``, kept on ``exchanger`` between calls."""
+    layouts = exchanger.__dict__.setdefault("_part_layouts", {})
+    key = tuple((p.kind, p.value.shape, p.value.dtype.str, tuple(p.entries)) for p in parts)
+    layout = layouts.get(key)
+    if layout is None:
+        if len(layouts) >= _MAX_LAYOUTS:
+            layouts.pop(next(iter(layouts))).gather.free()
+        layout = layouts[key] = Layout(exchanger, parts, rank)
+    return layout
+
+
 def combine_parts(exchanger, parts: Sequence[Part], rank: int):
     """The whole values of ``parts`` (the same list on every rank), in one
     :meth:`~tmpi_adapters.exchangers.base.Exchanger.allgather_counted`.
 
-    Returns one array per part; a reduction no rank gave a part of is
-    ``None``."""
-    size = exchanger.size
-    tails = [p.value.shape[1:] if p.kind == "gather" else p.value.shape for p in parts]
-    mine = [np.ascontiguousarray(p.value) for p in parts if p.entries[rank]]
-    body = b"".join(v.tobytes() for v in mine)
-    counts = [sum(p.entries[r] * int(np.prod(tail, dtype=np.int64)) * p.value.dtype.itemsize
-                  for p, tail in zip(parts, tails)) for r in range(size)]
-    joined = exchanger.allgather_counted(np.frombuffer(body, dtype=np.uint8), counts).tobytes()
-    pieces: List[list] = [[] for _ in parts]
-    offset = 0
-    for r in range(size):
-        for k, (p, tail) in enumerate(zip(parts, tails)):
-            if not p.entries[r]:
-                continue
-            shape = ((p.entries[r],) + tuple(tail)) if p.kind == "gather" else tuple(tail)
-            count = int(np.prod(shape, dtype=np.int64))
-            pieces[k].append(np.frombuffer(joined, dtype=p.value.dtype, count=count,
-                                           offset=offset).reshape(shape))
-            offset += count * p.value.dtype.itemsize
-    return [_combined(p, tail, found) for p, tail, found in zip(parts, tails, pieces)]
-
-
-def _combined(part, tail, found):
-    """One value from the parts ``found`` (in rank order), as its kind says."""
-    if part.kind == "gather":
-        return np.concatenate(found, axis=0) if found else \
-            np.empty((0,) + tuple(tail), dtype=part.value.dtype)
-    if part.kind == "stack":
-        return np.stack(found) if found else \
-            np.empty((0,) + tuple(tail), dtype=part.value.dtype)
-    if not found:
-        return None
-    if part.kind == "sum":
-        total = np.array(found[0], copy=True)
-        for piece in found[1:]:
-            total += piece
-        return total
-    if part.kind == "max":
-        return np.maximum.reduce(found)
-    return np.minimum.reduce(found)
+    Returns one array per part, new (never a view of the gathered bytes); a
+    reduction no rank gave a part of is ``None``."""
+    return layout_of(exchanger, parts, rank).run([p.value for p in parts])

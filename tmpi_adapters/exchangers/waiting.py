@@ -42,9 +42,13 @@ def current_wait(thread_ident):
     return _waits.get(thread_ident)
 
 
+#: The cores here (asked once: every wait asks, and asking costs microseconds).
+_CORES = os.cpu_count() or 1
+
+
 def oversubscribed(size):
     """True when ``size`` ranks of this job outnumber the cores here."""
-    return size > (os.cpu_count() or 1)
+    return size > _CORES
 
 
 class Deadline:

@@ -53,7 +53,7 @@ class Envelope:
         take one: ranks handed different batches disagree.
     """
 
-    __slots__ = ("phase", "name", "call", "rows", "data", "params", "samples")
+    __slots__ = ("phase", "name", "call", "rows", "data", "params", "samples", "_text", "_crc")
 
     def __init__(self, phase, name, call=None, rows=None, data=None, params=None):
         self.phase, self.name, self.call, self.rows = phase, name, call, rows
@@ -65,9 +65,18 @@ class Envelope:
         #: ``(names, per-variable sample sums)`` behind that digest, to name
         #: the first variable that differs (not in the token)
         self.samples = None if params is None else params[1]
+        # What describe() says and the checksum of the token's fixed part,
+        # computed on first use (an envelope does not change; a step's
+        # couplings each ask).
+        self._text = self._crc = None
 
     def describe(self, sequence=None):
         """``"train_G call 41 (32 rows)"`` and the like."""
+        if self._text is None:
+            self._text = self._describe()
+        return self._text
+
+    def _describe(self):
         if self.phase == "step":
             text = "%s call %s" % (self.name, self.call)
         elif self.phase == "start":
@@ -89,9 +98,10 @@ class Envelope:
     def token(self, sequence, limit):
         """The integer in ``[1, limit]`` this envelope and the collective's
         ``sequence`` number stand for."""
-        key = "%s|%s|%s|%s|%s|%s|%d" % (self.phase, self.name, self.call, self.rows, self.data,
-                                        self.params, sequence)
-        return 1 + zlib.crc32(key.encode()) % (limit - 1)
+        if self._crc is None:
+            self._crc = zlib.crc32(("%s|%s|%s|%s|%s|%s|" % (
+                self.phase, self.name, self.call, self.rows, self.data, self.params)).encode())
+        return 1 + zlib.crc32(b"%d" % sequence, self._crc) % (limit - 1)
 
 
 #: How a description names the batch's fingerprint.

@@ -94,14 +94,17 @@ ADDED = {"generator": "2026-11-28", "coupling": "2026-11-28"}
 #:   scale: multiplies the overhead and envelope parts' timed steps;
 #:   tiny_epochs, tiny_rows: the tiny MLP's timed epochs and their rows;
 #:   links, network_*: the network part's links, steps, rounds, repetitions;
-#:   feed_steps: timed steps of each job of the generator part.
+#:   feed_steps: timed steps of each job of the generator and coupling parts;
+#:   coupling_rounds: the coupling part's ABBA rounds (its WRN bar is a 3%
+#:   difference, under the swings of a shared machine: more rounds than the
+#:   other parts; ``--rounds`` sets these too).
 PRESETS = {
     "quick": {"width": 0.25, "repetitions": 5, "steps": 8, "rounds": 2, "scale": 0.25,
-              "spread_runs": 10, "spread_steps": 60, "feed_steps": 20,
+              "spread_runs": 10, "spread_steps": 60, "feed_steps": 20, "coupling_rounds": 2,
               "tiny_epochs": 2, "tiny_rows": 2000, "links": "2gbit:50us",
               "network_steps": 4, "network_rounds": 1, "network_repetitions": 3},
     "full": {"width": 1.0, "repetitions": 9, "steps": 20, "rounds": 3, "scale": 0.5,
-             "spread_runs": 10, "spread_steps": 100, "feed_steps": 40,
+             "spread_runs": 10, "spread_steps": 100, "feed_steps": 40, "coupling_rounds": 5,
              "tiny_epochs": 2, "tiny_rows": 4000, "links": "10gbit:50us,2gbit:50us",
              "network_steps": 6, "network_rounds": 2, "network_repetitions": 7},
 }
@@ -212,7 +215,8 @@ def part_generator(args, values, workdir, tick, found):
 
 def part_coupling(args, values, workdir, tick, found):
     from tmpi_adapters.bench import coupling
-    return coupling.measure(workdir, args.ranks, values["feed_steps"], values["rounds"], tick)
+    return coupling.measure(workdir, args.ranks, values["feed_steps"], values["coupling_rounds"],
+                            tick)
 
 
 def part_device(args, values, workdir, tick, found):
@@ -380,6 +384,8 @@ def settings(args):
     for key in ("width", "repetitions", "steps", "rounds", "links"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
+    if args.rounds is not None:
+        values["coupling_rounds"] = args.rounds
     return values
 
 

@@ -126,6 +126,18 @@ def test_keras_recurrent_model_with_widths_equal_to_the_batch_matches_one_proces
 
 
 @pytest.mark.mpi
+def test_keras_residual_block_batch_norms_share_their_collectives():
+    """BatchNormalization on a residual block's main path and on its shortcut:
+    neither reads the other's statistics, so their moments travel together,
+    and so do their backward's sums: 1 + 2 collectives a step, not 1 + 4."""
+    one = finals(wrap(1, "--seed", 0, KERAS, "residual").stdout)
+    for ranks in (2, 3):
+        result = wrap(ranks, "--seed", 0, KERAS, "residual")
+        assert_same(finals(result.stdout), one)
+        assert "3 collectives per step" in result.stdout + result.stderr, result.stderr[-1500:]
+
+
+@pytest.mark.mpi
 def test_keras_noise_layers_match_one_process(keras_runs):
     assert_same(part(keras_runs[2][0], "noise"), part(keras_runs[1][0], "noise"))
 

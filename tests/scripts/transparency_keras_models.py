@@ -12,6 +12,10 @@
     a sequence-to-sequence model as Keras' ``addition_rnn.py`` builds it
     (``LSTM`` encoder, ``RepeatVector``, ``GRU`` and ``SimpleRNN`` decoders,
     ``TimeDistributed(Dense)``), whose widths are the batch size: 12.
+``residual``
+    a residual block with BatchNormalization on both of its paths (the main
+    path's after a hidden layer, the shortcut's after its projection), whose
+    batch statistics do not read each other.
 ``files``
     a model saved and loaded back at a fixed path (``ModelCheckpoint``,
     ``CSVLogger``, ``save``/``load_model``), and weights saved to a
@@ -29,8 +33,9 @@ import numpy as np
 import keras
 from keras import backend as K
 from keras import metrics
-from keras.layers import (GRU, LSTM, Dense, Dropout, GaussianDropout, GaussianNoise, Input,
-                          RepeatVector, SimpleRNN, TimeDistributed)
+from keras.layers import (GRU, LSTM, Activation, Add, BatchNormalization, Dense, Dropout,
+                          GaussianDropout, GaussianNoise, Input, RepeatVector, SimpleRNN,
+                          TimeDistributed)
 from keras.models import Model, Sequential, load_model
 
 parser = argparse.ArgumentParser()
@@ -121,6 +126,24 @@ def recurrent_case():
     show("recurrent", "weights", weights_of(model))
 
 
+def residual_case():
+    inputs = Input((5,))
+    # (No bias before a BatchNormalization, as residual nets are written: its
+    # gradient is zero but for rounding.)
+    main = Dense(8, use_bias=False, kernel_initializer=init(11))(inputs)
+    main = Activation("relu")(BatchNormalization()(main))
+    main = Dense(8, kernel_initializer=init(12))(main)
+    shortcut = Dense(8, use_bias=False, kernel_initializer=init(13))(inputs)
+    shortcut = BatchNormalization()(shortcut)
+    outputs = Dense(2, kernel_initializer=init(14))(Activation("relu")(Add()([main, shortcut])))
+    model = Model(inputs, outputs)
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    history = model.fit(x, y, batch_size=12, epochs=2, verbose=0, shuffle=False)
+    show("residual", "loss", history.history["loss"])
+    show("residual", "predict", model.predict(x[:5]))
+    show("residual", "weights", weights_of(model))
+
+
 def files_case():
     model = Sequential([Dense(2, input_shape=(5,), kernel_initializer=init(6))])
     model.compile(keras.optimizers.SGD(0.1), "mse")
@@ -144,4 +167,4 @@ def files_case():
 
 for case in args.cases.split(","):
     {"metrics": metrics_case, "noise": noise_case, "targets": targets_case,
-     "files": files_case, "recurrent": recurrent_case}[case]()
+     "files": files_case, "recurrent": recurrent_case, "residual": residual_case}[case]()

@@ -90,8 +90,8 @@ class _CountedGather(CountedGather):
         if self.persistent is None:
             try:
                 self.persistent = comm.Allgatherv_init(self.sent, [self.joined, self.sizes])
-            except (AttributeError, NotImplementedError):
-                self.persistent = False
+            except (AttributeError, NotImplementedError, self.exchanger.MPI.Exception):
+                self.persistent = False  # an MPI before 4.0 (Open MPI 4, say)
         if self.persistent:
             self.persistent.Start()
             return self.persistent

@@ -87,6 +87,8 @@ class Session:
         self.size = self.comm.Get_size()
         self.script = script
         self.models = []
+        #: each coupling's prepared Layout, by its signature in the running call
+        self._levels = {}
         self.recorder = Recorder(self)
         self.started = False
         self.stepping = None
@@ -413,12 +415,11 @@ class Session:
         values = [np.asarray(v) for v in values]
         signature = (key, tuple(kinds), tuple(axes), share,
                      tuple((v.shape, v.dtype) for v in values))
-        levels = self.__dict__.setdefault("_levels", {})
-        layout = levels.get(signature)
+        layout = self._levels.get(signature)
         if layout is None:
-            if len(levels) >= 256:
-                levels.pop(next(iter(levels)))
-            layout = levels[signature] = self._layout(values, kinds, axes, key, described)
+            if len(self._levels) >= 256:
+                self._levels.pop(next(iter(self._levels))).gather.free()
+            layout = self._levels[signature] = self._layout(values, kinds, axes, key, described)
         gathered = [i for i, kind in enumerate(kinds) if kind == "gather" and axes[i]]
         for i in gathered:
             values[i] = np.moveaxis(values[i], axes[i], 0)
@@ -435,7 +436,7 @@ class Session:
         coupling's values in the running call: who gives how many entries of
         each (checked: a gathered value must hold a whole number of entries
         per row of this rank's share)."""
-        from tmpi_adapters.exchangers.parts import Part, layout_of
+        from tmpi_adapters.exchangers.parts import Layout, Part
         shares = self._shares()
         lo, hi = (getattr(self, "_rows_share", None) or (0, 1, 1, True))[:2]
         mine = max(hi - lo, 1)
@@ -457,7 +458,7 @@ class Session:
             else:
                 entries = [1 if counts else 0 for _, counts in shares]
             parts.append(Part(value, kind, entries))
-        return layout_of(self.exchanger, parts, self.rank)
+        return Layout(self.exchanger, parts, self.rank)
 
     def exchange_gradients(self, arrays, key=None, ops=None, gradients=None):
         """What the in-graph :class:`~tmpi_adapters.core.ops.FusedAllreduce`

@@ -43,8 +43,7 @@ import numpy as np
 from tmpi_adapters.errors import ConfigError
 from tmpi_adapters.exchangers import codecs, progress
 from tmpi_adapters.exchangers.base import (ANY_SOURCE, ANY_TAG, CountedGather, Exchanger,
-                                           Finished,
-                                           check_reduce_op)
+                                           Finished, check_reduce_op)
 from tmpi_adapters.exchangers.lockstep import Lockstep
 from tmpi_adapters.exchangers.plans import (MPIRequest, PendingAllreduce, Plan,
                                             checked_total, split_counts)
@@ -82,8 +81,8 @@ class _CountedGather(CountedGather):
         self.joined = np.empty(int(self.sizes.sum()), dtype=np.uint8)
         self.tokens = [self.joined[o:o + 8].view(np.int64) for o in starts]
         self.blocks = [self.joined[o + 8:o + 8 + c] for o, c in zip(starts, self.counts)]
-        #: The persistent request; ``None`` before the first run, ``False``
-        #: where the library has none.
+        #: The persistent request; ``None`` before the first run (and after
+        #: :meth:`free`), ``False`` where the library has none.
         self.persistent = None
 
     def _start(self, comm):
@@ -92,6 +91,8 @@ class _CountedGather(CountedGather):
                 self.persistent = comm.Allgatherv_init(self.sent, [self.joined, self.sizes])
             except (AttributeError, NotImplementedError, self.exchanger.MPI.Exception):
                 self.persistent = False  # an MPI before 4.0 (Open MPI 4, say)
+            else:
+                self.exchanger._gathers.append(self)  # freed when the exchanger closes
         if self.persistent:
             self.persistent.Start()
             return self.persistent
@@ -158,7 +159,7 @@ class MPIExchanger(Exchanger):
         self.algorithm = algorithm
         self._buffers = {}
         self._counted = {}
-        self._gathers = []  # every prepared gather, freed on close
+        self._gathers = []  # the prepared gathers holding a persistent request
         self._plans = {}
         self._private = None
         self._progress = None       # the progress thread, or why there is none
@@ -461,11 +462,7 @@ class MPIExchanger(Exchanger):
         rank's envelope token in front, from and into the gather's own
         buffers, in a persistent collective where the library has one.  Freed
         when the exchanger closes."""
-        if self.size == 1:
-            return CountedGather(self, counts)
-        gather = _CountedGather(self, counts)
-        self._gathers.append(gather)
-        return gather
+        return CountedGather(self, counts) if self.size == 1 else _CountedGather(self, counts)
 
     def allgather_object(self, obj):
         """Small metadata only: the sizes travel with the envelope first, then

@@ -39,6 +39,44 @@ def check_parts(exchanger, rank, size):
         kept.append((call, joined, total))
     for call, joined, total in kept:  # later calls left earlier results alone
         assert joined[0, 0] == call and total[0] == size * call
+    check_runs(exchanger, rank, size)
+
+
+def check_runs(exchanger, rank, size):
+    """Reductions side by side (a BatchNorm level's sums) combined as one
+    run: each still its own shape and dtype, summed in rank order, a part
+    that only rank 0 gives and a float64 sum after the float32 ones kept
+    apart, the results left alone by later calls."""
+    from tmpi_adapters.exchangers.parts import Part, combine_parts
+    every, kept = [1] * size, []
+    for call in range(3):
+        f32 = [np.arange(2, dtype=np.float32) + rank + call,
+               np.full((3, 4), 0.5 * (rank + 1) + call, np.float32),
+               np.asarray(rank * 10.0 + call, np.float32)]
+        parts = [Part(v, "sum", every) for v in f32]
+        parts += [Part(np.array([rank + 0.25 + call]), "sum", every),
+                  Part(np.array([7.0 + rank], np.float32), "sum", [1] + [0] * (size - 1)),
+                  Part(np.array([rank + call, -rank], np.float32), "max", every),
+                  Part(np.array([rank - call], np.float32), "max", every),
+                  Part(np.asarray(rank + 0.5 * call), "sum", every)]
+        first, block, scalar, f64, only, top, top2, alone = combine_parts(exchanger, parts,
+                                                                          rank)
+        assert isinstance(alone, np.ndarray) and alone.shape == ()
+        assert alone == sum(r + 0.5 * call for r in range(size))
+        assert isinstance(scalar, np.ndarray)
+        np.testing.assert_array_equal(first, sum(np.arange(2, dtype=np.float32) + r + call
+                                                 for r in range(size)))
+        assert block.shape == (3, 4) and block.dtype == np.float32
+        np.testing.assert_array_equal(block, sum(0.5 * (r + 1) + call for r in range(size)))
+        assert scalar.shape == () and scalar == sum(r * 10.0 + call for r in range(size))
+        assert f64.dtype == np.float64 and f64.tolist() == [sum(r + 0.25 + call
+                                                                for r in range(size))]
+        assert only.tolist() == [7.0]
+        assert top.tolist() == [size - 1 + call, 0] and top2.tolist() == [size - 1 - call]
+        kept.append((call, first, block))
+    for call, first, block in kept:
+        assert first[0] == sum(r + call for r in range(size))
+        assert block[0, 0] == sum(0.5 * (r + 1) + call for r in range(size))
 
 
 def main(name):

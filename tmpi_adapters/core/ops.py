@@ -315,8 +315,9 @@ class Couple(Op):
             raise _unbound(self.key)
         results = self._couple(list(inputs[:len(self.kinds)]), self.kinds, self.axes,
                                key=self.key, described=getattr(self, "described", None))
-        for store, value, variable in zip(output_storage, results, node.outputs):
-            store[0] = np.asarray(value, dtype=variable.dtype)
+        # Each whole value has its part's dtype, which is its output's.
+        for store, value in zip(output_storage, results):
+            store[0] = value
 
     def __reduce__(self):
         return (Couple, (self.key, self.kinds, self.axes, self.level, self.after))

@@ -420,14 +420,13 @@ class Session:
             if len(self._levels) >= 256:
                 self._levels.pop(next(iter(self._levels))).gather.free()
             layout = self._levels[signature] = self._layout(values, kinds, axes, key, described)
-        gathered = [i for i, kind in enumerate(kinds) if kind == "gather" and axes[i]]
-        for i in gathered:
-            values[i] = np.moveaxis(values[i], axes[i], 0)
+        for i, axis in layout.moved:
+            values[i] = np.moveaxis(values[i], axis, 0)
         results = layout.run(values)
-        if any(r is None for r in results):
+        if layout.empty:
             raise TmpiError("%s: no rank's rows count in a step's batch statistics" % key)
-        for i in gathered:
-            results[i] = np.moveaxis(results[i], 0, axes[i])
+        for i, axis in layout.moved:
+            results[i] = np.moveaxis(results[i], 0, axis)
         self.recorder.add_exchange(time.perf_counter() - begin)
         return results
 
@@ -458,7 +457,11 @@ class Session:
             else:
                 entries = [1 if counts else 0 for _, counts in shares]
             parts.append(Part(value, kind, entries))
-        return Layout(self.exchanger, parts, self.rank)
+        layout = Layout(self.exchanger, parts, self.rank)
+        #: the gathered values whose rows are not on axis 0, and that axis
+        layout.moved = [(i, axis) for i, (kind, axis) in enumerate(zip(kinds, axes))
+                        if kind == "gather" and axis]
+        return layout
 
     def exchange_gradients(self, arrays, key=None, ops=None, gradients=None):
         """What the in-graph :class:`~tmpi_adapters.core.ops.FusedAllreduce`

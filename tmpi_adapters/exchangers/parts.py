@@ -52,9 +52,21 @@ class Layout:
     (:meth:`~tmpi_adapters.exchangers.base.Exchanger.counted_gather`), typed
     views of this rank's parts in its message and of every giving rank's
     piece of each part in its blocks, and where each piece goes in the
-    part's whole value.  A step's couplings run with the processor's
-    caches full of the step's arrays, where each interpreted operation is
-    slow: the work per call is kept to a few copies."""
+    part's whole value.  Consecutive reductions of one kind and dtype that
+    the same ranks give (a BatchNorm layer's sums, a level's layers) lie
+    side by side in every block, so they are combined as one *run*: one
+    operation per rank for all of them, whose result the parts are views
+    of.  A step's couplings run with the processor's caches full of the
+    step's arrays, where each interpreted operation is slow: the work per
+    call is kept to a few copies.
+
+    Attributes
+    ----------
+    gather : CountedGather
+        The level's prepared collective.
+    empty : bool
+        Some reduction is given by no rank (its whole value is ``None``).
+    """
 
     def __init__(self, exchanger, parts, rank):
         size = exchanger.size
@@ -65,6 +77,9 @@ class Layout:
                    if p.entries[r] else 0 for r in range(size)]
                   for p, s in zip(parts, shapes)]
         self.gather = exchanger.counted_gather([sum(n[r] for n in nbytes) for r in range(size)])
+        self.count = len(parts)
+        #: per part, per rank: where its bytes start in that rank's block
+        offsets = [[0] * size for _ in parts]
         self.mine, pieces = [], [[] for _ in parts]
         for r, block in enumerate(self.gather.blocks):
             at = 0
@@ -72,50 +87,82 @@ class Layout:
                 if not p.entries[r]:
                     continue
                 n = nbytes[k][r]
+                offsets[k][r] = at
                 piece = block[at:at + n].view(p.value.dtype).reshape(shapes[k][r])
                 pieces[k].append(piece)
                 if r == rank:
                     self.mine.append((k, self.gather.message[at:at + n].view(p.value.dtype)
                                       .reshape(shapes[k][r])))
                 at += n
-        #: per part: (kind, whole shape or None, dtype, [(where, piece)])
-        self.wholes = []
-        for p, tail, found in zip(parts, tails, pieces):
+        #: (combine, pieces, [(part, flat slice or None, shape)]): a run of reductions
+        self.runs = []
+        #: (part, kind, whole shape, dtype, [(where, piece)]): a gathered or stacked value
+        self.joins = []
+        for k, p in enumerate(parts):
             if p.kind in ("gather", "stack"):
+                found = pieces[k]
                 lengths = [len(f) if p.kind == "gather" else 1 for f in found]
                 ends = np.cumsum(lengths, dtype=np.int64)
                 where = [slice(int(e - n), int(e)) if p.kind == "gather" else int(e - 1)
                          for e, n in zip(ends, lengths)]
-                shape = (int(sum(lengths)),) + tuple(tail)
+                shape = (int(sum(lengths)),) + tuple(tails[k])
+                self.joins.append((k, p.kind, shape, p.value.dtype, list(zip(where, found))))
+            elif self.runs and self._extends(parts, k):
+                self.runs[-1][2].append(k)
             else:
-                where, shape = [None] * len(found), (None if not found else tuple(tail))
-            self.wholes.append((p.kind, shape, p.value.dtype, list(zip(where, found))))
+                self.runs.append((p.kind, p.value.dtype, [k]))
+        self.empty = any(not pieces[ks[0]] for _, _, ks in self.runs)
+        self.runs = [self._run(parts, kind, ks, offsets, nbytes)
+                     for kind, _, ks in self.runs if pieces[ks[0]]]
+
+    def _extends(self, parts, k):
+        """Part ``k`` joins the run before it: the same kind, dtype and
+        giving ranks as that run's last part, which it follows in every block."""
+        last = parts[self.runs[-1][2][-1]]
+        p = parts[k]
+        return (p.kind == last.kind and p.value.dtype == last.value.dtype
+                and p.entries == last.entries and self.runs[-1][2][-1] == k - 1)
+
+    def _run(self, parts, kind, ks, offsets, nbytes):
+        combine = np.add if kind == "sum" else np.maximum if kind == "max" else np.minimum
+        dtype = parts[ks[0]].value.dtype
+        giving = [r for r, e in enumerate(parts[ks[0]].entries) if e]
+        span = sum(nbytes[k][giving[0]] for k in ks)
+        pieces = [self.gather.blocks[r][offsets[ks[0]][r]:offsets[ks[0]][r] + span].view(dtype)
+                  for r in giving]
+        if len(ks) == 1 and parts[ks[0]].value.ndim:
+            # (not a 0-d part: numpy combines two 0-d arrays into a scalar)
+            shape = parts[ks[0]].value.shape
+            return combine, [p.reshape(shape) for p in pieces], [(ks[0], None, shape)]
+        where, at = [], 0
+        for k in ks:
+            n = parts[k].value.size
+            where.append((k, slice(at, at + n), parts[k].value.shape))
+            at += n
+        return combine, pieces, where
 
     def run(self, values):
         """The whole values from this rank's ``values`` (one array per part,
-        ``gather`` parts with their rows on axis 0): new arrays, never views
-        of the gathered bytes; a reduction no rank gave a part of is ``None``."""
+        ``gather`` parts with their rows on axis 0): new arrays (or views of
+        new arrays), never views of the gathered bytes; a reduction no rank
+        gave a part of is ``None``."""
         for k, view in self.mine:
             view[...] = values[k]
         self.gather.run()
-        return [_whole(*whole) for whole in self.wholes]
-
-
-def _whole(kind, shape, dtype, found):
-    """One value from its pieces ``found`` (``(where, piece)`` in rank order),
-    as its kind says."""
-    if shape is None:
-        return None
-    if kind in ("gather", "stack"):
-        whole = np.empty(shape, dtype=dtype)
-        for where, piece in found:
-            whole[where] = piece
-        return whole
-    whole = np.array(found[0][1], copy=True)
-    combine = np.add if kind == "sum" else np.maximum if kind == "max" else np.minimum
-    for _, piece in found[1:]:
-        combine(whole, piece, out=whole)
-    return whole
+        results = [None] * self.count
+        for combine, pieces, where in self.runs:
+            # In rank order on every rank, so every rank computes the same bytes.
+            total = combine(pieces[0], pieces[1]) if len(pieces) > 1 else pieces[0].copy()
+            for piece in pieces[2:]:
+                combine(total, piece, out=total)
+            for k, span, shape in where:
+                results[k] = total if span is None else total[span].reshape(shape)
+        for k, kind, shape, dtype, found in self.joins:
+            whole = np.empty(shape, dtype=dtype)
+            for at, piece in found:
+                whole[at] = piece
+            results[k] = whole
+        return results
 
 
 def layout_of(exchanger, parts, rank):

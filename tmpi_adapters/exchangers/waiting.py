@@ -29,6 +29,10 @@ _SPIN_CHECK = 256
 _YIELD_CHECK = 64
 #: Yields before a wait starts sleeping between polls.
 _YIELDS = 2000
+#: Polls before a wait sets up its deadline: a collective the other ranks
+#: have reached already ends on the second (MPICH, shared memory), and the
+#: rank that arrives last is the one every rank waits for.
+_QUICK = 4
 
 
 #: The wait each thread is in, by thread ident: what it waits for and since
@@ -96,8 +100,9 @@ def wait_for(test, what, timeout, on_timeout, patient=True, crowded=False):
     crowded : bool
         More ranks than cores: always yield between polls.
     """
-    if test():
-        return
+    for _ in range(_QUICK):
+        if test():
+            return
     deadline = Deadline(what, timeout, on_timeout, sys._getframe())
     thread = threading.get_ident()
     outer = _waits.get(thread)

@@ -292,6 +292,8 @@ def headline(results, ranks):
             top["rnn_speedup"] = found["rnn"]["speedup"]
         if "exact_over_local" in found.get("mlp", {}):
             top["keras_mlp_exact_over_local"] = found["mlp"]["exact_over_local"]
+        if "exact_over_local" in found.get("wrn_interleaved", {}):
+            top["wrn_interleaved_exact_over_local"] = found["wrn_interleaved"]["exact_over_local"]
     device = results.get("device")
     if device and "skipped" not in device and "partial" not in device:
         top["device_overhead_1_rank"] = device["overhead_1_rank"]

@@ -17,7 +17,13 @@ and compares their median steps round by round:
     gathered: the bar, at least 1.6 on 2 ranks);
 ``mlp``
     :mod:`tmpi_adapters.bench.scripts.keras_mlp`'s model (one BatchNorm
-    layer) trained by ``fit`` on N ranks, exact against local (reported).
+    layer) trained by ``fit`` on N ranks, exact against local (reported);
+``wrn_interleaved``
+    the same WRN-10-1 model exact and local in one job
+    (:mod:`tmpi_adapters.bench.scripts.wrn_interleaved`), their steps taking
+    turns (ABBA at the level of steps): separate jobs on a shared machine
+    differ by several percent from one job to the next, which steps taking
+    turns in one job cancel (reported beside ``wrn``'s bar).
 
 A step's time is its whole time in the record (compute, exchange, waits and
 the time between steps).  Where the WRN example is not beside the package
@@ -51,6 +57,17 @@ def _step_s(record):
                              for s in found), found[-1]["collectives"] if found else None
 
 
+def _steps_by_model(record):
+    """Each training function's median step in a job's record (its first
+    :data:`WARMUP` steps left out), and its collectives per step."""
+    by_model = {}
+    for s in read_record(record):
+        by_model.setdefault(s["model"], []).append(s)
+    return {model: (statistics.median(s["compute_s"] + s["comm_s"] + s["wait_s"] + s["data_s"]
+                                      for s in found[WARMUP:]), found[-1]["collectives"])
+            for model, found in by_model.items() if len(found) > WARMUP}
+
+
 def _job(framework, ranks, command, record, stats="global"):
     return [tool("tmpi"), "wrap", "-n", str(ranks), "--framework", framework,
             "--threads-per-rank", "1", "--batch-stats", stats, "--record", record] + command
@@ -72,6 +89,9 @@ def cases(ranks, steps):
                "--train-size", str(64 * (steps + WARMUP)), "--val-size", "64"]
         found["wrn"] = {"exact": ("keras", ranks, wrn, "global"),
                         "local": ("keras", ranks, wrn, "local")}
+        both = [os.path.join(_scripts(), "wrn_interleaved.py"), os.path.dirname(example),
+                str(steps + WARMUP)]
+        found["wrn_interleaved"] = {"both": ("keras", ranks, both, "global")}
     return found
 
 
@@ -85,8 +105,16 @@ def measure(workdir, ranks, steps, rounds, tick=lambda text: None):
             framework, n, command, stats = variants[variant]
             record = os.path.join(workdir, "coupling-%s-%s-%d.jsonl" % (case, variant, r))
             run(_job(framework, n, command, record, stats), "coupling (%s, %s)" % (case, variant))
-            step, collectives[variant] = _step_s(record)
-            medians[variant].append(step)
+            if case == "wrn_interleaved":
+                # train_function#0 is the exact model, #1 the local one.
+                models = _steps_by_model(record)
+                for name, model in (("exact", "train_function#0"), ("local", "train_function#1")):
+                    step, collectives[name] = models[model]
+                    medians.setdefault(name, []).append(step)
+                medians.pop(variant, None)
+            else:
+                step, collectives[variant] = _step_s(record)
+                medians[variant].append(step)
             tick("coupling: %s %s" % (case, variant))
         found = {"step_median_s": {v: statistics.median(m) for v, m in medians.items()},
                  "round_medians_s": medians, "collectives_per_step": collectives}

@@ -51,10 +51,14 @@ def wrn_example():
     return path if os.path.exists(path) else None
 
 
-def _step_s(record):
-    found = read_record(record)[WARMUP:]
+def _median_step(found):
+    """The median whole step of step records, and the last one's collectives."""
     return statistics.median(s["compute_s"] + s["comm_s"] + s["wait_s"] + s["data_s"]
                              for s in found), found[-1]["collectives"] if found else None
+
+
+def _step_s(record):
+    return _median_step(read_record(record)[WARMUP:])
 
 
 def _steps_by_model(record):
@@ -63,8 +67,7 @@ def _steps_by_model(record):
     by_model = {}
     for s in read_record(record):
         by_model.setdefault(s["model"], []).append(s)
-    return {model: (statistics.median(s["compute_s"] + s["comm_s"] + s["wait_s"] + s["data_s"]
-                                      for s in found[WARMUP:]), found[-1]["collectives"])
+    return {model: _median_step(found[WARMUP:])
             for model, found in by_model.items() if len(found) > WARMUP}
 
 
@@ -99,7 +102,7 @@ def measure(workdir, ranks, steps, rounds, tick=lambda text: None):
     """Each case's variants, ``rounds`` ABBA rounds of separate jobs."""
     result = {"ranks": ranks, "steps": steps, "rounds": rounds}
     for case, variants in cases(ranks, steps).items():
-        medians = {v: [] for v in variants}
+        medians = {}
         collectives = {}
         for r, variant in interleaved(rounds, variants):
             framework, n, command, stats = variants[variant]
@@ -111,10 +114,9 @@ def measure(workdir, ranks, steps, rounds, tick=lambda text: None):
                 for name, model in (("exact", "train_function#0"), ("local", "train_function#1")):
                     step, collectives[name] = models[model]
                     medians.setdefault(name, []).append(step)
-                medians.pop(variant, None)
             else:
                 step, collectives[variant] = _step_s(record)
-                medians[variant].append(step)
+                medians.setdefault(variant, []).append(step)
             tick("coupling: %s %s" % (case, variant))
         found = {"step_median_s": {v: statistics.median(m) for v, m in medians.items()},
                  "round_medians_s": medians, "collectives_per_step": collectives}

@@ -87,7 +87,7 @@ class Session:
         self.size = self.comm.Get_size()
         self.script = script
         self.models = []
-        #: each coupling's prepared Layout, by its signature in the running call
+        #: each coupling's prepared (Layout, moved axes), by its signature in the running call
         self._levels = {}
         self.recorder = Recorder(self)
         self.started = False
@@ -415,17 +415,22 @@ class Session:
         values = [np.asarray(v) for v in values]
         signature = (key, tuple(kinds), tuple(axes), share,
                      tuple((v.shape, v.dtype) for v in values))
-        layout = self._levels.get(signature)
-        if layout is None:
+        level = self._levels.get(signature)
+        if level is None:
             if len(self._levels) >= 256:
-                self._levels.pop(next(iter(self._levels))).gather.free()
-            layout = self._levels[signature] = self._layout(values, kinds, axes, key, described)
-        for i, axis in layout.moved:
+                self._levels.pop(next(iter(self._levels)))[0].gather.free()
+            # The gathered values whose rows are not on axis 0, and that axis.
+            moved = [(i, axis) for i, (kind, axis) in enumerate(zip(kinds, axes))
+                     if kind == "gather" and axis]
+            level = self._levels[signature] = (
+                self._layout(values, kinds, axes, key, described), moved)
+        layout, moved = level
+        for i, axis in moved:
             values[i] = np.moveaxis(values[i], axis, 0)
         results = layout.run(values)
         if layout.empty:
             raise TmpiError("%s: no rank's rows count in a step's batch statistics" % key)
-        for i, axis in layout.moved:
+        for i, axis in moved:
             results[i] = np.moveaxis(results[i], 0, axis)
         self.recorder.add_exchange(time.perf_counter() - begin)
         return results
@@ -457,11 +462,7 @@ class Session:
             else:
                 entries = [1 if counts else 0 for _, counts in shares]
             parts.append(Part(value, kind, entries))
-        layout = Layout(self.exchanger, parts, self.rank)
-        #: the gathered values whose rows are not on axis 0, and that axis
-        layout.moved = [(i, axis) for i, (kind, axis) in enumerate(zip(kinds, axes))
-                        if kind == "gather" and axis]
-        return layout
+        return Layout(self.exchanger, parts, self.rank)
 
     def exchange_gradients(self, arrays, key=None, ops=None, gradients=None):
         """What the in-graph :class:`~tmpi_adapters.core.ops.FusedAllreduce`

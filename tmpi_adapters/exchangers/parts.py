@@ -94,10 +94,9 @@ class Layout:
                     self.mine.append((k, self.gather.message[at:at + n].view(p.value.dtype)
                                       .reshape(shapes[k][r])))
                 at += n
-        #: (combine, pieces, [(part, flat slice or None, shape)]): a run of reductions
-        self.runs = []
         #: (part, kind, whole shape, dtype, [(where, piece)]): a gathered or stacked value
         self.joins = []
+        groups = []  # the reductions' parts, consecutive ones that combine alike together
         for k, p in enumerate(parts):
             if p.kind in ("gather", "stack"):
                 found = pieces[k]
@@ -107,23 +106,19 @@ class Layout:
                          for e, n in zip(ends, lengths)]
                 shape = (int(sum(lengths)),) + tuple(tails[k])
                 self.joins.append((k, p.kind, shape, p.value.dtype, list(zip(where, found))))
-            elif self.runs and self._extends(parts, k):
-                self.runs[-1][2].append(k)
+                continue
+            last = parts[groups[-1][-1]] if groups and groups[-1][-1] == k - 1 else None
+            if last is not None and (p.kind, p.value.dtype, p.entries) == \
+                    (last.kind, last.value.dtype, last.entries):
+                groups[-1].append(k)
             else:
-                self.runs.append((p.kind, p.value.dtype, [k]))
-        self.empty = any(not pieces[ks[0]] for _, _, ks in self.runs)
-        self.runs = [self._run(parts, kind, ks, offsets, nbytes)
-                     for kind, _, ks in self.runs if pieces[ks[0]]]
+                groups.append([k])
+        self.empty = any(not pieces[ks[0]] for ks in groups)
+        #: (combine, pieces, [(part, flat slice or None, shape)]): a run of reductions
+        self.runs = [self._run(parts, ks, offsets, nbytes) for ks in groups if pieces[ks[0]]]
 
-    def _extends(self, parts, k):
-        """Part ``k`` joins the run before it: the same kind, dtype and
-        giving ranks as that run's last part, which it follows in every block."""
-        last = parts[self.runs[-1][2][-1]]
-        p = parts[k]
-        return (p.kind == last.kind and p.value.dtype == last.value.dtype
-                and p.entries == last.entries and self.runs[-1][2][-1] == k - 1)
-
-    def _run(self, parts, kind, ks, offsets, nbytes):
+    def _run(self, parts, ks, offsets, nbytes):
+        kind = parts[ks[0]].kind
         combine = np.add if kind == "sum" else np.maximum if kind == "max" else np.minimum
         dtype = parts[ks[0]].value.dtype
         giving = [r for r, e in enumerate(parts[ks[0]].entries) if e]

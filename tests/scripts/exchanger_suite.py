@@ -40,6 +40,7 @@ def check_parts(exchanger, rank, size):
     for call, joined, total in kept:  # later calls left earlier results alone
         assert joined[0, 0] == call and total[0] == size * call
     check_runs(exchanger, rank, size)
+    check_started(exchanger, rank, size)
 
 
 def check_runs(exchanger, rank, size):
@@ -77,6 +78,26 @@ def check_runs(exchanger, rank, size):
     for call, first, block in kept:
         assert first[0] == sum(r + call for r in range(size))
         assert block[0, 0] == sum(0.5 * (r + 1) + call for r in range(size))
+
+
+def check_started(exchanger, rank, size):
+    """A level's gather started, then left running while the rank computes
+    (its values overwritten, another collective run in between), then
+    finished: the whole values of what was started, every call."""
+    from tmpi_adapters.exchangers.parts import Layout, Part
+    every = [1] * size
+    values = [np.full(3, rank + 1.0, np.float32), np.asarray(rank * 2.0)]
+    layout = Layout(exchanger, [Part(v, "sum", every) for v in values], rank)
+    for call in range(3):
+        values[0][...] = rank + 1.0 + call
+        layout.start(values)
+        values[0][...] = -1.0
+        between = exchanger.allreduce([np.array([rank + 1.0])], op="sum")[0]
+        assert between.tolist() == [size * (size + 1) / 2.0]
+        total, doubled = layout.finish()
+        np.testing.assert_array_equal(total, sum(r + 1.0 + call for r in range(size)))
+        assert doubled.shape == () and doubled == sum(2.0 * r for r in range(size))
+    layout.gather.free()
 
 
 def main(name):

@@ -18,6 +18,12 @@ by index, a Gram matrix).  :class:`CoupledStep` turns them into collectives:
 * extrema and rows among the first kind are made whole by one ``Couple``
   after the exchange.
 
+Where heavy work of the step needs none of a level's values (a layer's
+weight gradient beside the next BatchNorm's sums), the level's gather runs
+while the rank computes it (:class:`_Fillers`, :meth:`CoupledStep._overlapped`):
+the ranks arrive at a collective at different moments, and the time one
+waits for the other goes to work.
+
 What the step returns is then the one-process value on every rank (sums and
 whole values), or per-row values and extrema that the
 :class:`~tmpi_adapters.core.combine.Combiner` combines after the call.
@@ -70,6 +76,8 @@ class CoupledStep:
         if rows.refusal is not None:
             raise refusal_error(key, rows.refusal, session.size)
         self.levels = []
+        #: levels whose gather runs while the step computes (:meth:`_overlapped`)
+        self.overlapped = 0
         self.exchanged = 0
         built = self._build(roots, markers)
         self.outputs, self.updates = built[:n_outputs], built[n_outputs:]
@@ -144,6 +152,7 @@ class CoupledStep:
         memo = {}
         local = self.session.options.batch_stats == "local"
         estimated = []
+        fillers = _Fillers(nodes, inner, level, bit, upstream) if _host_graphs() else None
         for depth in sorted({level[p] for p in inner}):
             group = [p for p in inner if level[p] == depth]
             if local:
@@ -152,7 +161,8 @@ class CoupledStep:
                 estimated += mine
                 group = [p for p in group if p not in mine]
             if group:
-                self._couple(group, requests, memo, depth)
+                filler = fillers.choose(depth) if fillers is not None else None
+                self._couple(group, requests, memo, depth, filler=filler)
         averaged = self._averaged(estimated, requests, bit, upstream, roots, final) \
             if local else []
         self._exchange(final, requests, markers, memo, averaged)
@@ -200,16 +210,21 @@ class CoupledStep:
                 and rows(self._sources[k]) not in (SUM, MAX, MIN)
                 and not isinstance(rows(self._sources[k]), Shard)]
 
-    def _couple(self, group, requests, memo, depth, after=()):
-        """One :class:`~tmpi_adapters.core.ops.Couple` for ``group``."""
+    def _couple(self, group, requests, memo, depth, after=(), filler=None):
+        """One :class:`~tmpi_adapters.core.ops.Couple` for ``group``; split in
+        a start and a finish around ``filler`` (a node of the step that does
+        not need the group, from :class:`_Fillers`) where there is one."""
         from tmpi_adapters.core.ops import Couple
         values = _rebuild([p.owner.inputs[0] for p in group], memo)
-        kinds = [requests[p].kind for p in group]
+        kinds = ["sum" if requests[p].kind == "same" else requests[p].kind for p in group]
         axes = [requests[p].axis or 0 for p in group]
         described = [_describe(self.rows, requests[p]) for p in group]
-        op = Couple(self.key, ["sum" if k == "same" else k for k in kinds], axes, depth,
-                    after=len(after), couple=self.session.couple, described=described)
-        results = op(*(values + list(after)))
+        if filler is not None and not any(v in memo for v in filler.outputs):
+            results = self._overlapped(values, kinds, axes, described, memo, depth, filler)
+        else:
+            op = Couple(self.key, kinds, axes, depth, after=len(after),
+                        couple=self.session.couple, described=described)
+            results = op(*(values + list(after)))
         results = results if isinstance(results, (list, tuple)) else [results]
         for p, result in zip(group, results):
             memo[p] = result
@@ -253,10 +268,117 @@ class CoupledStep:
         if others:
             self._couple(others, requests, memo, "after the exchange", after=results[:1])
 
+    def _overlapped(self, values, kinds, axes, described, memo, depth, filler):
+        """The level's values made whole by a
+        :class:`~tmpi_adapters.core.ops.StartCouple` before ``filler`` runs
+        (one of its inputs :class:`~tmpi_adapters.core.ops.Gated` by the
+        start's token) and a :class:`~tmpi_adapters.core.ops.FinishCouple`
+        after it: the rank computes ``filler`` while the others arrive."""
+        from tmpi_adapters.core.ops import FinishCouple, Gated, StartCouple
+        from tmpi_adapters.graphs.pending import stacked_type
+        session = self.session
+        self.overlapped += 1
+        token = StartCouple(self.key, kinds, axes, depth, start=session.start_couple,
+                            described=described)(*values)
+        inputs = _rebuild(filler.inputs, memo)
+        gate = _gate_position(filler)
+        inputs[gate] = Gated()(inputs[gate], token)
+        gated = filler.clone_with_new_inputs(inputs, strict=False)
+        for old, fresh in zip(filler.outputs, gated.outputs):
+            fresh.name = old.name
+            memo[old] = fresh
+        types = [stacked_type(v.type).type if kind == "stack" else v.type
+                 for v, kind in zip(values, kinds)]
+        return FinishCouple(self.key, depth, types, 1,
+                            finish=session.finish_couple)(token, gated.outputs[0])
+
     @property
     def collectives(self):
         """Collectives per step: the exchange and the levels of couplings."""
         return 1 + len(self.levels)
+
+def _host_graphs():
+    """True where Theano computes on the host: there a coupling may be split
+    around work of the step (on a device, a host op between that work and
+    its inputs would keep Theano's GPU backend from moving it there)."""
+    from tmpi_adapters.process import devices
+    gpuarray = sys.modules.get("theano.gpuarray")
+    return devices.describe() == "cpu" and not getattr(gpuarray, "pygpu_activated", False)
+
+
+#: Ops worth computing while a coupling's gather is under way, by the
+#: words in their class names, the heaviest first.
+_HEAVY = (("Conv", "Corr"), ("Scan",), ("Dot", "Gemm", "Gemv", "Ger"))
+
+
+def _weight(op):
+    name = type(op).__name__
+    for rank, words in enumerate(_HEAVY):
+        if any(word in name for word in words):
+            return len(_HEAVY) - rank
+    return 0
+
+
+def _gate_position(node):
+    """The input of ``node`` that a gate holds back: its first computed array."""
+    from theano.gof import Constant
+    for k, v in enumerate(node.inputs):
+        if not isinstance(v, Constant) and getattr(v.type, "ndim", 0) and \
+                hasattr(v.type, "dtype"):
+            return k
+    return None
+
+
+class _Fillers:
+    """Per level of couplings, work of the step the rank can do while the
+    level's gather is under way: a heavy node (a convolution, a scan, a
+    product) that needs none of the level's values nor any later request,
+    and that no value of the level or a level before needs.  In
+    backpropagation that is a layer's weight gradient beside the next
+    BatchNorm's sums.  A node chosen for a level, and what it needs, is
+    not chosen again: the levels' starts and finishes stay in one order.
+
+    ``nodes``, ``inner``, ``level``, ``bit``, ``upstream``: what
+    :meth:`CoupledStep._build` computed of the converted graph.
+    """
+
+    def __init__(self, nodes, inner, level, bit, upstream):
+        from tmpi_adapters.core.ops import Couple
+        self.inner, self.level, self.bit, self.upstream = inner, level, bit, upstream
+        self.candidates = [n for n in nodes if _weight(n.op) and not getattr(n.op, "destroy_map", None)
+                           and _gate_position(n) is not None and not isinstance(n.op, Couple)
+                           and n.outputs and hasattr(n.outputs[0].type, "dtype")]
+        self.needed = set()   # nodes a level so far needs (ancestors of its values)
+        self.taken = set()    # chosen fillers and what they need
+
+    @staticmethod
+    def _ancestors(variables, into):
+        stack = [v.owner for v in variables if v.owner is not None]
+        while stack:
+            node = stack.pop()
+            if node in into:
+                continue
+            into.add(node)
+            stack.extend(v.owner for v in node.inputs if v.owner is not None)
+
+    def choose(self, depth):
+        """The filler of level ``depth`` (levels asked in increasing order), or ``None``."""
+        if not self.candidates:
+            return None
+        self._ancestors([p.owner.inputs[0] for p in self.inner if self.level[p] == depth],
+                        self.needed)
+        earlier = 0
+        for p in self.inner:
+            if self.level[p] < depth:
+                earlier |= self.bit[p]
+        found = [n for n in self.candidates if n not in self.needed and n not in self.taken
+                 and not self.upstream.get(n.outputs[0], 0) & ~earlier]
+        if not found:
+            return None
+        best = max(found, key=lambda n: _weight(n.op))
+        self._ancestors(best.outputs, self.taken)
+        return best
+
 
 def _describe(rows, request):
     if request.coupling is not None:

@@ -321,3 +321,95 @@ class Couple(Op):
 
     def __reduce__(self):
         return (Couple, (self.key, self.kinds, self.axes, self.level, self.after))
+
+
+class StartCouple(Op):
+    """Begins a :class:`Couple` whose gather the rank leaves running.
+
+    Where the graph has work that does not need a level's whole values (in
+    backpropagation, a layer's weight gradient beside the next BatchNorm's
+    sums), the level is split in three: this node copies the parts in and
+    starts the gather, its output (the *token*) gates that work
+    (:class:`Gated`), and :class:`FinishCouple` takes the token and the
+    work's result, so Theano runs the work while the other ranks arrive.
+    Inputs and ``kinds``, ``axes`` as :class:`Couple`'s.
+
+    ``start`` is the session's :meth:`~tmpi_adapters.core.session.Session.start_couple`.
+    """
+
+    __props__ = ("key", "kinds", "axes", "level")
+
+    def __init__(self, key, kinds, axes, level, start=None, described=None):
+        self.key, self.kinds, self.axes, self.level = key, tuple(kinds), tuple(axes), level
+        self._start = start
+        self.described = list(described or [])
+
+    def do_constant_folding(self, node):
+        return False
+
+    def make_node(self, *inputs):
+        return Apply(self, [theano.tensor.as_tensor_variable(v) for v in inputs], [_generic()])
+
+    def perform(self, node, inputs, output_storage):
+        if self._start is None:
+            raise _unbound(self.key)
+        output_storage[0][0] = self._start(list(inputs), self.kinds, self.axes, key=self.key,
+                                           described=self.described, level=self.level)
+
+    def __reduce__(self):
+        return (StartCouple, (self.key, self.kinds, self.axes, self.level))
+
+
+class Gated(Op):
+    """Its first input, once its second (a :class:`StartCouple`'s token)
+    exists: a view that orders the work reading it after the start."""
+
+    __props__ = ()
+    view_map = {0: [0]}
+
+    def make_node(self, value, token):
+        return Apply(self, [value, token], [value.type()])
+
+    def perform(self, node, inputs, output_storage):
+        output_storage[0][0] = inputs[0]
+
+    def infer_shape(self, node, shapes):
+        return shapes[:1]
+
+    def grad(self, inputs, output_grads):
+        return [output_grads[0], theano.gradient.DisconnectedType()()]
+
+    def connection_pattern(self, node):
+        return [[True], [False]]
+
+
+class FinishCouple(Op):
+    """Ends what :class:`StartCouple` began: the level's whole values.
+
+    Its inputs are the start's token, then ``after`` values the gated work
+    computes (they order this node after that work); its outputs are typed
+    ``types``, one per value of the level, as :class:`Couple`'s.
+
+    ``finish`` is the session's :meth:`~tmpi_adapters.core.session.Session.finish_couple`.
+    """
+
+    __props__ = ("key", "level", "types", "after")
+
+    def __init__(self, key, level, types, after, finish=None):
+        self.key, self.level, self.types, self.after = key, level, tuple(types), after
+        self._finish = finish
+
+    def do_constant_folding(self, node):
+        return False
+
+    def make_node(self, token, *after):
+        return Apply(self, [token] + list(after), [t() for t in self.types])
+
+    def perform(self, node, inputs, output_storage):
+        if self._finish is None:
+            raise _unbound(self.key)
+        for store, value in zip(output_storage, self._finish(inputs[0])):
+            store[0] = value
+
+    def __reduce__(self):
+        return (FinishCouple, (self.key, self.level, self.types, self.after))

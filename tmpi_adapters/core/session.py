@@ -411,10 +411,40 @@ class Session:
         rank but rank 0 where each runs the whole call) gives nothing.
         ``described``: each value's expression and script line, for messages."""
         begin = time.perf_counter()
+        layout, moved, values = self._level(values, kinds, axes, key, described)
+        results = self._whole(layout.run(values), layout, moved, key)
+        self.recorder.add_exchange(time.perf_counter() - begin)
+        return results
+
+    def start_couple(self, values, kinds, axes, key=None, described=None, level=None):
+        """What the in-graph :class:`~tmpi_adapters.core.ops.StartCouple`
+        calls: :meth:`couple` begun, its gather left running while the graph
+        computes what does not need it.  Returns the handle
+        :meth:`finish_couple` takes (``level``: the coupling's, so that
+        levels never share the buffers of a gather in flight)."""
+        begin = time.perf_counter()
+        layout, moved, values = self._level(values, kinds, axes, key, described,
+                                            started=level)
+        layout.start(values)
+        self.recorder.add_exchange(time.perf_counter() - begin)
+        return layout, moved, key
+
+    def finish_couple(self, handle):
+        """What :class:`~tmpi_adapters.core.ops.FinishCouple` calls: the whole
+        values of the coupling :meth:`start_couple` began (``handle``)."""
+        begin = time.perf_counter()
+        layout, moved, key = handle
+        results = self._whole(layout.finish(), layout, moved, key)
+        self.recorder.add_exchange(time.perf_counter() - begin)
+        return results
+
+    def _level(self, values, kinds, axes, key, described, started=None):
+        """The coupling's :meth:`_layout` and its gathered values moved to
+        axis 0 (kept per signature), and the values as the layout takes them."""
         share = getattr(self, "_rows_share", None) or (0, 1, 1, True)
         values = [np.asarray(v) for v in values]
         signature = (key, tuple(kinds), tuple(axes), share,
-                     tuple((v.shape, v.dtype) for v in values))
+                     tuple((v.shape, v.dtype) for v in values), started)
         level = self._levels.get(signature)
         if level is None:
             if len(self._levels) >= 256:
@@ -427,12 +457,14 @@ class Session:
         layout, moved = level
         for i, axis in moved:
             values[i] = np.moveaxis(values[i], axis, 0)
-        results = layout.run(values)
+        return layout, moved, values
+
+    @staticmethod
+    def _whole(results, layout, moved, key):
         if layout.empty:
             raise TmpiError("%s: no rank's rows count in a step's batch statistics" % key)
         for i, axis in moved:
             results[i] = np.moveaxis(results[i], 0, axis)
-        self.recorder.add_exchange(time.perf_counter() - begin)
         return results
 
     def _layout(self, values, kinds, axes, key, described):

@@ -204,6 +204,10 @@ class Recorder:
         self.last_summary["couplings"] = {
             model.name: coupled.step.levels for model, coupled in steps
             if coupled is not None and model.step and coupled.step.levels}
+        # ... and how many of them gather while the step computes on.
+        self.last_summary["couplings_overlapped"] = {
+            model.name: coupled.step.overlapped for model, coupled in steps
+            if coupled is not None and model.step and getattr(coupled.step, "overlapped", 0)}
         return self.last_summary
 
     #: Steps (the latest) whose exchanges the summary compares across ranks.
@@ -263,9 +267,11 @@ class Recorder:
                 text += " (median; mean %.2f)" % mean_count
             couplings = sorted((summary.get("couplings") or {}).items(),
                                key=lambda item: _natural(item[0]))
+            overlapped = summary.get("couplings_overlapped") or {}
             for name, levels in couplings[:SHOWN_COUPLINGS]:
-                text += " (%s: the exchange + %d where the batch's rows meet, first %s)" % (
-                    name, len(levels), levels[0][0])
+                text += " (%s: the exchange + %d where the batch's rows meet, %sfirst %s)" % (
+                    name, len(levels), "%d of them while the step computes on, " % overlapped[
+                        name] if overlapped.get(name) else "", levels[0][0])
             if len(couplings) > SHOWN_COUPLINGS:
                 text += " (and %d more functions whose rows meet: --record names each)" % (
                     len(couplings) - SHOWN_COUPLINGS)

@@ -417,6 +417,14 @@ class CountedGather:
         """Gather every rank's :attr:`message` into :attr:`blocks`."""
         self.exchanger.allgather_counted(self.message, self.counts, out=self.joined)
 
+    def start(self) -> None:
+        """Start a :meth:`run` that :meth:`finish` ends, leaving the rank
+        free to compute in between (here the gather runs whole at once)."""
+        self.run()
+
+    def finish(self) -> None:
+        """End the gather :meth:`start` began: :attr:`blocks` hold every rank's bytes."""
+
     def free(self) -> None:
         """Let go of what the gather holds in the exchanger (nothing here)."""
 

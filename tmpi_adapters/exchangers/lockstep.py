@@ -13,7 +13,6 @@ raises :class:`~tmpi_adapters.errors.LockstepError`.
 in, so that ranks stuck in collectives that cannot match are reported within
 seconds rather than after the stall timeout.
 """
-import contextlib
 import time
 
 import numpy as np
@@ -61,6 +60,23 @@ class _Collective:
         return False
 
 
+class _Waiting:
+    """The context of :meth:`Lockstep.waiting` (a class, as :class:`_Collective`)."""
+
+    __slots__ = ("lockstep", "current", "outer")
+
+    def __init__(self, lockstep, current):
+        self.lockstep, self.current = lockstep, current
+
+    def __enter__(self):
+        self.outer = self.lockstep.current
+        self.lockstep.current = self.current
+
+    def __exit__(self, *exc):
+        self.lockstep.current = self.outer
+        return False
+
+
 class Lockstep:
     """The sequence and envelopes of one exchanger's collectives.
 
@@ -101,17 +117,11 @@ class Lockstep:
         self.exchanger.stats.collectives += 1
         return self.sequence, self.envelope or OUTSIDE
 
-    @contextlib.contextmanager
     def waiting(self, what, sequence, envelope, token):
         """Publish, for the watchdog, that this rank waits for collective
-        ``sequence`` (``token``: what :meth:`write_slots` wrote for it)."""
-        outer = self.current
-        self.current = {"sequence": sequence, "description": envelope.describe(),
-                        "what": what, "since": time.time(), "token": token}
-        try:
-            yield
-        finally:
-            self.current = outer
+        ``sequence`` (``token``: what :meth:`write_slots` wrote for it); a context."""
+        return _Waiting(self, {"sequence": sequence, "description": envelope.describe(),
+                               "what": what, "since": time.time(), "token": token})
 
     # -- the slots ------------------------------------------------------------------
     @property

@@ -84,6 +84,8 @@ class _CountedGather(CountedGather):
         #: The persistent request; ``None`` before the first run (and after
         #: :meth:`free`), ``False`` where the library has none.
         self.persistent = None
+        #: ``(request, sequence, envelope, token)`` between :meth:`start` and :meth:`finish`
+        self._running = None
 
     def _start(self, comm):
         if self.persistent is None:
@@ -112,6 +114,30 @@ class _CountedGather(CountedGather):
                 tokens = [int(t[0]) for t in self.tokens]
                 if any(t != token for t in tokens):
                     lockstep.mismatch(envelope, tokens, token)
+
+    def start(self):
+        if self._running is not None:
+            # A step that failed between a start and its finish: every rank
+            # started the gather, so end it before its request starts again.
+            self.finish()
+        exchanger = self.exchanger
+        lockstep = exchanger.lockstep
+        sequence, envelope = lockstep.begin()
+        token = envelope.token(sequence, 2 ** 31) if lockstep.enabled else 0
+        self.token[0] = token
+        exchanger.stats.wire_bytes += self.sent.size
+        self._running = (self._start(exchanger.comm), sequence, envelope, token)
+
+    def finish(self):
+        request, sequence, envelope, token = self._running
+        self._running = None
+        lockstep = self.exchanger.lockstep
+        with lockstep.waiting("allgather", sequence, envelope, token):
+            self.exchanger._wait(request, "allgather")
+        if lockstep.enabled:
+            tokens = [int(t[0]) for t in self.tokens]
+            if any(t != token for t in tokens):
+                lockstep.mismatch(envelope, tokens, token, sequence)
 
     def free(self):
         if self.persistent:

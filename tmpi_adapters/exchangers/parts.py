@@ -144,6 +144,21 @@ class Layout:
         for k, view in self.mine:
             view[...] = values[k]
         self.gather.run()
+        return self._combined()
+
+    def start(self, values):
+        """Copy this rank's ``values`` in and start the gather: the rank may
+        compute until :meth:`finish` (the values may change meanwhile)."""
+        for k, view in self.mine:
+            view[...] = values[k]
+        self.gather.start()
+
+    def finish(self):
+        """What :meth:`run` returns, for the gather :meth:`start` began."""
+        self.gather.finish()
+        return self._combined()
+
+    def _combined(self):
         results = [None] * self.count
         for combine, pieces, where in self.runs:
             # In rank order on every rank, so every rank computes the same bytes.

@@ -10,7 +10,7 @@ and compares their median steps round by round:
     the Keras WRN-10-1 example (``examples/keras_wresnet``, 7 BatchNorm
     layers, synthetic images, no augmentation) on N ranks, exact (the
     default) against ``--batch-stats local``, DDP's unsynchronised BatchNorm
-    (the bar: exact within 3%);
+    (reported);
 ``rnn``
     :mod:`tmpi_adapters.bench.scripts.lasagne_rnn`, a bidirectional Lasagne
     0.1 recurrent net, on N ranks against 1 (its rows distributed, not
@@ -22,8 +22,8 @@ and compares their median steps round by round:
     the same WRN-10-1 model exact and local in one job
     (:mod:`tmpi_adapters.bench.scripts.wrn_interleaved`), their steps taking
     turns (ABBA at the level of steps): separate jobs on a shared machine
-    differ by several percent from one job to the next, which steps taking
-    turns in one job cancel (reported beside ``wrn``'s bar).
+    differ by 5-20% from one job to the next, which steps taking turns in
+    one job cancel (the bar: exact within 3%).
 
 A step's time is its whole time in the record (compute, exchange, waits and
 the time between steps).  Where the WRN example is not beside the package

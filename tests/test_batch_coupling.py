@@ -137,6 +137,10 @@ def test_record_names_the_collectives_where_rows_meet(tmp_path):
     assert len(levels) == 2 and all(levels), levels
     assert all("batch_coupling.py:" in text for text in levels[0]), levels[0]
     assert any("moments" in text for text in levels[0]), levels[0]
+    # The backward's sums gather while the rank computes the output layer's
+    # weight gradient, which does not need them; the forward's wait (all of
+    # the step after them needs them).
+    assert summary["couplings_overlapped"] == {"train_fn#1": 1}, summary
 
 
 @pytest.mark.mpi

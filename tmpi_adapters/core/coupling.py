@@ -223,7 +223,7 @@ class CoupledStep:
             results = self._overlapped(values, kinds, axes, described, memo, depth, filler)
         else:
             op = Couple(self.key, kinds, axes, depth, after=len(after),
-                        couple=self.session.couple, described=described)
+                        couple=self.session.couplings.couple, described=described)
             results = op(*(values + list(after)))
         results = results if isinstance(results, (list, tuple)) else [results]
         for p, result in zip(group, results):
@@ -278,7 +278,7 @@ class CoupledStep:
         from tmpi_adapters.graphs.pending import stacked_type
         session = self.session
         self.overlapped += 1
-        token = StartCouple(self.key, kinds, axes, depth, start=session.start_couple,
+        token = StartCouple(self.key, kinds, axes, depth, start=session.couplings.start,
                             described=described)(*values)
         inputs = _rebuild(filler.inputs, memo)
         gate = _gate_position(filler)
@@ -290,12 +290,13 @@ class CoupledStep:
         types = [stacked_type(v.type).type if kind == "stack" else v.type
                  for v, kind in zip(values, kinds)]
         return FinishCouple(self.key, depth, types, 1,
-                            finish=session.finish_couple)(token, gated.outputs[0])
+                            finish=session.couplings.finish)(token, gated.outputs[0])
 
     @property
     def collectives(self):
         """Collectives per step: the exchange and the levels of couplings."""
         return 1 + len(self.levels)
+
 
 def _host_graphs():
     """True where Theano computes on the host: there a coupling may be split
@@ -311,7 +312,8 @@ def _host_graphs():
 _HEAVY = (("Conv", "Corr"), ("Scan",), ("Dot", "Gemm", "Gemv", "Ger"))
 
 
-def _weight(op):
+def _heaviness(op):
+    """How heavy ``op`` is by :data:`_HEAVY` (0: not worth gating)."""
     name = type(op).__name__
     for rank, words in enumerate(_HEAVY):
         if any(word in name for word in words):
@@ -343,11 +345,10 @@ class _Fillers:
     """
 
     def __init__(self, nodes, inner, level, bit, upstream):
-        from tmpi_adapters.core.ops import Couple
         self.inner, self.level, self.bit, self.upstream = inner, level, bit, upstream
-        self.candidates = [n for n in nodes if _weight(n.op) and not getattr(n.op, "destroy_map", None)
-                           and _gate_position(n) is not None and not isinstance(n.op, Couple)
-                           and n.outputs and hasattr(n.outputs[0].type, "dtype")]
+        self.candidates = [n for n in nodes if _heaviness(n.op) and _gate_position(n) is not None
+                           and not getattr(n.op, "destroy_map", None)
+                           and hasattr(n.outputs[0].type, "dtype")]
         self.needed = set()   # nodes a level so far needs (ancestors of its values)
         self.taken = set()    # chosen fillers and what they need
 
@@ -375,7 +376,7 @@ class _Fillers:
                  and not self.upstream.get(n.outputs[0], 0) & ~earlier]
         if not found:
             return None
-        best = max(found, key=lambda n: _weight(n.op))
+        best = max(found, key=lambda n: _heaviness(n.op))
         self._ancestors(best.outputs, self.taken)
         return best
 

@@ -286,7 +286,7 @@ class Couple(Op):
     the nodes that make them).  Outputs are the whole values, the same on
     every rank.
 
-    ``couple`` is the session's :meth:`~tmpi_adapters.core.session.Session.couple`,
+    ``couple`` is the session's :meth:`~tmpi_adapters.core.levels.Couplings.couple`,
     given when the training function is compiled.
     """
 
@@ -334,7 +334,7 @@ class StartCouple(Op):
     work's result, so Theano runs the work while the other ranks arrive.
     Inputs and ``kinds``, ``axes`` as :class:`Couple`'s.
 
-    ``start`` is the session's :meth:`~tmpi_adapters.core.session.Session.start_couple`.
+    ``start`` is the session's :meth:`~tmpi_adapters.core.levels.Couplings.start`.
     """
 
     __props__ = ("key", "kinds", "axes", "level")
@@ -390,7 +390,7 @@ class FinishCouple(Op):
     computes (they order this node after that work); its outputs are typed
     ``types``, one per value of the level, as :class:`Couple`'s.
 
-    ``finish`` is the session's :meth:`~tmpi_adapters.core.session.Session.finish_couple`.
+    ``finish`` is the session's :meth:`~tmpi_adapters.core.levels.Couplings.finish`.
     """
 
     __props__ = ("key", "level", "types", "after")

@@ -8,7 +8,7 @@ nothing is said about sizes first), then combines them alike on every rank,
 in rank order: sums added, extrema taken, rows joined along their axis.  So
 every rank computes the same bytes, and a sum is added in the same order on
 every rank.  Who gives what (a rank whose rows do not count gives nothing) is
-the caller's: :meth:`tmpi_adapters.core.session.Session.couple`.
+the caller's: :class:`tmpi_adapters.core.levels.Couplings`.
 """
 from dataclasses import dataclass
 from typing import Any, List, Sequence

@@ -144,6 +144,23 @@ def test_record_names_the_collectives_where_rows_meet(tmp_path):
 
 
 @pytest.mark.mpi
+def test_levels_gathering_beside_scans_give_the_one_process_numbers():
+    """A BatchNorm level and its backward's sums each gather while the rank
+    computes a scan that needs neither (the forward scan, then its gradient)."""
+    script = SCRIPTS / "coupling_beside_scan.py"
+    one = check(tmpi("wrap", "-n", "1", "--framework", "theano", script, env=python_env()))
+    want = [float(v) for v in one.stdout.split("final ", 1)[1].splitlines()[0].split()]
+    for ranks in (2, 3):
+        found = check(tmpi("wrap", "-n", str(ranks), "--framework", "theano", script,
+                           env=python_env()))
+        got = [float(v) for v in found.stdout.split("final ", 1)[1].splitlines()[0].split()]
+        assert len(got) == 4 and all(abs(a - b) <= 1e-12 * max(abs(b), 1.0)
+                                     for a, b in zip(got, want)), (ranks, got, want)
+        assert "the exchange + 2 where the batch's rows meet, 2 of them while the step " \
+            "computes on" in found.stdout, found.stdout[-2000:]
+
+
+@pytest.mark.mpi
 def test_batches_grouped_masked_scanned_or_features_first_give_the_one_process_numbers():
     """128 rows on 3 ranks: shares of 43, 43 and 42, so consecutive pairs
     cross a share (gathered there); a scan over the rows, a boolean mask, a

@@ -289,7 +289,7 @@ class CoupledStep:
             memo[old] = fresh
         types = [stacked_type(v.type).type if kind == "stack" else v.type
                  for v, kind in zip(values, kinds)]
-        return FinishCouple(self.key, depth, types, 1,
+        return FinishCouple(self.key, depth, types,
                             finish=session.couplings.finish)(token, gated.outputs[0])
 
     @property

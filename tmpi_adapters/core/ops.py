@@ -376,27 +376,21 @@ class Gated(Op):
     def infer_shape(self, node, shapes):
         return shapes[:1]
 
-    def grad(self, inputs, output_grads):
-        return [output_grads[0], theano.gradient.DisconnectedType()()]
-
-    def connection_pattern(self, node):
-        return [[True], [False]]
-
 
 class FinishCouple(Op):
     """Ends what :class:`StartCouple` began: the level's whole values.
 
-    Its inputs are the start's token, then ``after`` values the gated work
-    computes (they order this node after that work); its outputs are typed
-    ``types``, one per value of the level, as :class:`Couple`'s.
+    Its inputs are the start's token, then values the gated work computes
+    (they order this node after that work); its outputs are typed ``types``,
+    one per value of the level, as :class:`Couple`'s.
 
     ``finish`` is the session's :meth:`~tmpi_adapters.core.levels.Couplings.finish`.
     """
 
-    __props__ = ("key", "level", "types", "after")
+    __props__ = ("key", "level", "types")
 
-    def __init__(self, key, level, types, after, finish=None):
-        self.key, self.level, self.types, self.after = key, level, tuple(types), after
+    def __init__(self, key, level, types, finish=None):
+        self.key, self.level, self.types = key, level, tuple(types)
         self._finish = finish
 
     def do_constant_folding(self, node):
@@ -412,4 +406,4 @@ class FinishCouple(Op):
             store[0] = value
 
     def __reduce__(self):
-        return (FinishCouple, (self.key, self.level, self.types, self.after))
+        return (FinishCouple, (self.key, self.level, self.types))

@@ -207,7 +207,7 @@ class Recorder:
         # ... and how many of them gather while the step computes on.
         self.last_summary["couplings_overlapped"] = {
             model.name: coupled.step.overlapped for model, coupled in steps
-            if coupled is not None and model.step and getattr(coupled.step, "overlapped", 0)}
+            if coupled is not None and model.step and coupled.step.overlapped}
         return self.last_summary
 
     #: Steps (the latest) whose exchanges the summary compares across ranks.

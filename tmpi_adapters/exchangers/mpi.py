@@ -110,10 +110,7 @@ class _CountedGather(CountedGather):
             self.token[0] = token
             exchanger.stats.wire_bytes += self.sent.size
             exchanger._wait(self._start(exchanger.comm), "allgather")
-            if lockstep.enabled:
-                tokens = [int(t[0]) for t in self.tokens]
-                if any(t != token for t in tokens):
-                    lockstep.mismatch(envelope, tokens, token)
+            self._check(envelope, token)
 
     def start(self):
         if self._running is not None:
@@ -134,6 +131,11 @@ class _CountedGather(CountedGather):
         lockstep = self.exchanger.lockstep
         with lockstep.waiting("allgather", sequence, envelope, token):
             self.exchanger._wait(request, "allgather")
+        self._check(envelope, token, sequence)
+
+    def _check(self, envelope, token, sequence=None):
+        """Every rank's token, in front of its bytes, must be this rank's."""
+        lockstep = self.exchanger.lockstep
         if lockstep.enabled:
             tokens = [int(t[0]) for t in self.tokens]
             if any(t != token for t in tokens):
